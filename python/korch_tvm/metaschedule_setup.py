@@ -1,0 +1,64 @@
+"""Make MetaSchedule usable on a small CPU machine.
+
+Three problems seen with TVM 0.27 on 2 cores (see the cookbook's pitfalls):
+* every builder worker imports `tvm.s_tir.tensor_intrin`, which parses TVMScript for every GPU
+  backend (~30 s) and races the builder's 30 s time-out, so *all* builds fail;
+* the default runner repeats each candidate for at least 100 ms;
+* the default task split can give a task zero trials (handled by the caller's per-task cap).
+"""
+
+from __future__ import annotations
+
+import sys
+import types
+
+_GPU_INTRIN_MODULES = ("cuda", "rocm", "hexagon", "arm_cpu", "riscv_cpu", "metal")
+
+
+def skip_gpu_tensor_intrin() -> None:
+    """Stand in empty modules for the non-x86 tensor intrinsics (CPU targets only).
+
+    Must run in the main process before a TuneContext exists, and is passed to LocalBuilder as
+    its worker `initializer` (the worker imports this module by name, so it must be importable).
+    """
+    for name in _GPU_INTRIN_MODULES:
+        full = f"tvm.s_tir.tensor_intrin.{name}"
+        sys.modules.setdefault(full, types.ModuleType(full))
+
+
+def prepare_for_target(target) -> None:
+    """Apply the CPU-only shortcut when tuning for a CPU; CUDA tuning needs the real intrinsics."""
+    if target.kind.name == "llvm":
+        skip_gpu_tensor_intrin()
+
+
+def local_builder(target, max_workers: int | None = None, timeout_sec: float = 60.0):
+    """A LocalBuilder whose workers start quickly (see `skip_gpu_tensor_intrin`)."""
+    from tvm.s_tir import meta_schedule as ms
+
+    initializer = skip_gpu_tensor_intrin if target.kind.name == "llvm" else None
+    return ms.builder.LocalBuilder(
+        max_workers=max_workers, timeout_sec=timeout_sec, initializer=initializer
+    )
+
+
+def evaluator_config(number: int = 3, repeat: int = 1, enable_cpu_cache_flush: bool = False):
+    """Runner settings: a few calls per candidate instead of the default 100 ms minimum.
+
+    `enable_cpu_cache_flush=True` times kernels with cold caches, closer to how they run inside
+    a model where the previous kernel evicted their inputs.
+    """
+    from tvm.s_tir import meta_schedule as ms
+
+    return ms.runner.EvaluatorConfig(
+        number=number, repeat=repeat, min_repeat_ms=0, enable_cpu_cache_flush=enable_cpu_cache_flush
+    )
+
+
+def search_strategy(population: int = 64):
+    """Evolutionary search sized for tens of trials per task, not thousands."""
+    from tvm.s_tir import meta_schedule as ms
+
+    return ms.search_strategy.EvolutionarySearch(
+        population_size=population, init_min_unmeasured=16, genetic_num_iters=1
+    )
