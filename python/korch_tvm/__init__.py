@@ -1,5 +1,35 @@
-"""korch_tvm: optimal kernel orchestration (Korch, ASPLOS'24) as a plugin for Apache TVM Relax."""
+"""korch_tvm: optimal kernel orchestration (Korch, ASPLOS'24) as a plugin for Apache TVM Relax.
+
+Public API:
+* `compile_model(model, target="llvm", *, korch=True, tuning_logs=None, trials=0, ...)`
+  -> `(executable, report)`
+* `KorchPass(config)`: a `tvm.transform.Pass` to use in place of FuseOps/FuseTIR
+* `KorchConfig`: every knob of a compile
+* `PrimitiveLowering()`: the operator-fission pass on its own
+* `parse_target(spec)`: `llvm` (this CPU), `cuda`, or a JSON target dict -> `tvm.target.Target`
+"""
 
 from .errors import KorchError
 
-__all__ = ["KorchError"]
+# Submodules import TVM (about a second); load them on first use so that `korch-tvm --help`
+# and error paths stay fast.
+_LAZY = {
+    "compile_model": ("compile", "compile_model"),
+    "KorchPass": ("passes", "KorchPass"),
+    "KorchConfig": ("config", "KorchConfig"),
+    "PrimitiveLowering": ("fission", "PrimitiveLowering"),
+    "parse_target": ("target", "parse_target"),
+}
+
+__all__ = ["KorchError", *_LAZY]
+
+
+def __getattr__(name):
+    if name not in _LAZY:
+        raise AttributeError(f"module 'korch_tvm' has no attribute {name!r}")
+    import importlib
+
+    module_name, attribute = _LAZY[name]
+    value = getattr(importlib.import_module(f".{module_name}", __name__), attribute)
+    globals()[name] = value
+    return value

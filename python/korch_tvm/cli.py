@@ -1,0 +1,193 @@
+"""korch-tvm: the command line, in the style of the old `tvmc compile`.
+
+Errors in the user's input are printed as one line (no traceback) with a non-zero exit code;
+`-v` shows debug logs and tracebacks of internal errors.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+
+from .errors import KorchError
+
+EXIT_USER_ERROR = 2
+EXIT_INTERNAL_ERROR = 3
+EXIT_INTERRUPTED = 130
+
+
+def _shape_arg(text: str) -> tuple[str, list[int]]:
+    """`name:1x3x224x224` (also `name:1,3,224,224`) -> ("name", [1, 3, 224, 224])."""
+    name, sep, dims = text.rpartition(":")
+    try:
+        if not sep or not name:
+            raise ValueError
+        shape = [int(d) for d in dims.replace(",", "x").split("x") if d]
+        if not shape or min(shape) <= 0:
+            raise ValueError
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"'{text}' is not NAME:DIMS, e.g. input:1x3x224x224") from None
+    return name, shape
+
+
+def _add_common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("model", help="path to an ONNX model")
+    parser.add_argument("--target", default="llvm",
+                        help="'llvm' (this CPU: mcpu and cores detected), 'cuda', or a TVM JSON "
+                             "target dict (default: llvm)")
+    parser.add_argument("--korch", action="store_true",
+                        help="orchestrate kernels with Korch (fission + optimal kernel choice) "
+                             "instead of TVM's stock FuseOps fusion")
+    parser.add_argument("--tuning-logs", metavar="DIR", default=None,
+                        help="root of the tuning logs; records go to DIR/<target tag>/ and are "
+                             "reused on the next compile (default: keep nothing)")
+    parser.add_argument("--trials", type=int, default=0, metavar="N",
+                        help="total MetaSchedule trials for kernels not yet in the log "
+                             "(default 0: no search, kernels without records use default "
+                             "schedules)")
+    parser.add_argument("--time-budget", type=float, default=None, metavar="SECONDS",
+                        help="bound on the costing stage; kernels not costed in time use the "
+                             "cost model's prediction")
+    parser.add_argument("--input-shape", type=_shape_arg, action="append", default=[],
+                        metavar="NAME:DIMS", help="static shape for a dynamic input, e.g. "
+                        "x:1x3x224x224 (repeatable)")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="TVM runtime threads (default: every available core)")
+    parser.add_argument("--rpc-tracker", metavar="HOST:PORT", default=None,
+                        help="measure kernels through a TVM RPC tracker")
+    parser.add_argument("--rpc-key", default=None, help="device key registered at the tracker")
+    verbosity = parser.add_mutually_exclusive_group()
+    verbosity.add_argument("-v", "--verbose", action="count", default=0,
+                           help="more logging (-vv for MetaSchedule's own logs)")
+    verbosity.add_argument("-q", "--quiet", action="store_true", help="only errors")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="korch-tvm",
+        description="Compile ONNX models with Apache TVM, optionally with Korch's optimal "
+                    "kernel orchestration.")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    compile_parser = commands.add_parser("compile", help="compile a model into a library")
+    _add_common(compile_parser)
+    compile_parser.add_argument("-o", "--output", metavar="OUT.so", default=None,
+                                help="write the compiled library here (load it with "
+                                     "tvm.runtime.load_module and relax.VirtualMachine)")
+    compile_parser.add_argument("--report", metavar="REPORT.json", default=None,
+                                help="write the full compile report as JSON")
+    compile_parser.add_argument("--no-verify", dest="verify", action="store_false",
+                                help="skip checking the result against ONNX Runtime / the "
+                                     "unoptimised model (on by default)")
+    compile_parser.add_argument("--verify-tolerance", type=float, default=None,
+                                help="largest accepted error relative to each output's scale "
+                                     "(default 1e-4)")
+    compile_parser.add_argument("--measure", action="store_true",
+                                help="also measure end-to-end latency of the result")
+
+    logs_parser = commands.add_parser("logs", help="inspect a tuning-log directory")
+    logs_parser.add_argument("directory", help="root of the tuning logs")
+    logs_parser.add_argument("--stats", action="store_true",
+                             help="print workloads and records per target (the default)")
+    return parser
+
+
+def configure_logging(verbose: int, quiet: bool) -> None:
+    level = logging.ERROR if quiet else (logging.DEBUG if verbose else logging.INFO)
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger("korch_tvm")
+    root.handlers[:] = [handler]
+    root.setLevel(level)
+    root.propagate = False
+    # MetaSchedule logs every batch; keep it out of the terminal unless asked for (-vv).
+    logging.getLogger("korch_tvm.metaschedule").setLevel(
+        logging.DEBUG if verbose >= 2 else logging.WARNING)
+
+
+def _command_compile(args) -> int:
+    from .compile import compile_model
+    from .verify import DEFAULT_TOLERANCE
+
+    executable, report = compile_model(
+        args.model, args.target, korch=args.korch, tuning_logs=args.tuning_logs,
+        trials=args.trials, time_budget=args.time_budget, verify=args.verify,
+        verify_tolerance=args.verify_tolerance or DEFAULT_TOLERANCE,
+        input_shapes_override=dict(args.input_shape), config=_config_from_args(args),
+        measure_latency=args.measure)
+    if args.output:
+        _export(executable, args.output)
+        report["output"] = os.path.abspath(args.output)
+    if args.report:
+        _write_json(args.report, report)
+    if not args.quiet:
+        from .report import summary_lines
+
+        print("\n".join(summary_lines(report)))
+    return 0
+
+
+def _config_from_args(args):
+    from .config import KorchConfig
+
+    return KorchConfig(num_threads=args.threads, rpc_tracker=args.rpc_tracker,
+                       rpc_key=args.rpc_key)
+
+
+def _export(executable, path: str) -> None:
+    directory = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(directory):
+        raise KorchError(f"output directory '{directory}' does not exist")
+    try:
+        executable.export_library(path)
+    except OSError as err:
+        raise KorchError(f"cannot write '{path}': {err}") from None
+
+
+def _write_json(path: str, value: dict) -> None:
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    with open(path, "w", encoding="utf-8") as handle:
+        json.dump(value, handle, indent=2, sort_keys=True, default=str)
+        handle.write("\n")
+
+
+def _command_logs(args) -> int:
+    from .tuning_log import log_stats
+
+    if not os.path.isdir(args.directory):
+        raise KorchError(f"tuning-log directory '{args.directory}' does not exist")
+    print(json.dumps(log_stats(args.directory), indent=2, sort_keys=True))
+    return 0
+
+
+COMMANDS = {"compile": _command_compile, "logs": _command_logs}
+
+
+def main(argv=None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    configure_logging(getattr(args, "verbose", 0), getattr(args, "quiet", False))
+    try:
+        return COMMANDS[args.command](args)
+    except KorchError as err:
+        print(f"korch-tvm: error: {err}", file=sys.stderr)
+        return EXIT_USER_ERROR
+    except KeyboardInterrupt:
+        print("korch-tvm: interrupted; tuning records written so far are kept", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except Exception as err:  # noqa: BLE001 - last line of defence: one line, not a traceback
+        if getattr(args, "verbose", 0):
+            raise
+        first = str(err).strip().splitlines()[0] if str(err).strip() else ""
+        print(f"korch-tvm: internal error: {type(err).__name__}: {first} (rerun with -v for "
+              "the traceback, and please report it)", file=sys.stderr)
+        return EXIT_INTERNAL_ERROR
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,34 @@
+"""KorchConfig: every knob of a compile in one plain, immutable value."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+
+@dataclass(frozen=True)
+class KorchConfig:
+    """What to compile for and how much effort to spend.
+
+    `trials` is the total MetaSchedule budget of one compile, shared by every kernel that the
+    tuning log does not already hold; 0 means no search (untuned kernels are measured once with
+    their default schedule). `tuning_logs` is the root directory of the on-disk logs (one
+    sub-directory per target); None keeps records in memory only, for this compile.
+    """
+
+    target: object = "llvm"
+    tuning_logs: str | None = None
+    trials: int = 0
+    time_budget: float | None = None
+    max_kernel_size: int = 6
+    max_subproblem_nodes: int = 48
+    prune_margin: float = 0.5
+    solver_time_limit: float = 10.0
+    num_threads: int | None = None
+    rpc_tracker: str | None = None
+    rpc_key: str | None = None
+    progress: bool | None = None
+    seed: int = 0
+    extra: dict = field(default_factory=dict)
+
+    def with_changes(self, **changes) -> "KorchConfig":
+        return replace(self, **changes)

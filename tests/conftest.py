@@ -1,0 +1,42 @@
+"""Shared test set-up: explicit thread count, the bundled models, small ONNX builders."""
+
+import os
+import pathlib
+
+os.environ.setdefault("TVM_NUM_THREADS", str(len(os.sched_getaffinity(0))))
+
+import numpy as np  # noqa: E402
+import onnx  # noqa: E402
+import pytest  # noqa: E402
+from onnx import TensorProto, helper, numpy_helper  # noqa: E402
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+MODELS = REPO / "models"
+
+
+def make_tiny_onnx(rows: int = 16, cols: int = 32, seed: int = 0) -> onnx.ModelProto:
+    """Softmax -> MatMul -> Add -> LayerNormalization: a composite op on each side of a matmul."""
+    rng = np.random.default_rng(seed)
+    weights = [numpy_helper.from_array(a.astype("float32"), n) for n, a in [
+        ("W", rng.standard_normal((cols, cols))), ("b", rng.standard_normal(cols)),
+        ("gamma", 1 + 0.1 * rng.standard_normal(cols)), ("beta", 0.1 * rng.standard_normal(cols))]]
+    nodes = [helper.make_node("Softmax", ["x"], ["s"], axis=-1),
+             helper.make_node("MatMul", ["s", "W"], ["mm"]),
+             helper.make_node("Add", ["mm", "b"], ["a"]),
+             helper.make_node("LayerNormalization", ["a", "gamma", "beta"], ["y"], axis=-1,
+                              epsilon=1e-5)]
+    graph = helper.make_graph(nodes, "tiny", [helper.make_tensor_value_info("x", TensorProto.FLOAT,
+                                                                           [rows, cols])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [rows, cols])],
+                              initializer=weights)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    return model
+
+
+@pytest.fixture
+def tiny_onnx_path(tmp_path):
+    path = tmp_path / "tiny.onnx"
+    onnx.save(make_tiny_onnx(), str(path))
+    return path
