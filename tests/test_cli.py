@@ -1,0 +1,55 @@
+"""The command line: errors are one line with a non-zero exit, never a traceback."""
+
+import subprocess
+import sys
+
+import pytest
+
+from conftest import make_tiny_onnx
+
+
+def run_cli(*args, cwd=None):
+    return subprocess.run([sys.executable, "-m", "korch_tvm.cli", *map(str, args)],
+                          capture_output=True, text=True, cwd=cwd, timeout=600)
+
+
+def _assert_one_line_error(result, pattern):
+    assert result.returncode == 2, result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, result.stderr
+    assert "Traceback" not in result.stderr
+    assert lines[0].startswith("korch-tvm: error: ")
+    assert pattern in lines[0], lines[0]
+
+
+def test_missing_file(tmp_path):
+    _assert_one_line_error(run_cli("compile", tmp_path / "nope.onnx"), "does not exist")
+
+
+def test_not_an_onnx_file(tmp_path):
+    path = tmp_path / "model.onnx"
+    path.write_text("definitely not protobuf " * 20)
+    _assert_one_line_error(run_cli("compile", path), "model")
+
+
+def test_truncated_onnx(tmp_path):
+    data = make_tiny_onnx().SerializeToString()
+    path = tmp_path / "cut.onnx"
+    path.write_bytes(data[: len(data) * 2 // 3])
+    _assert_one_line_error(run_cli("compile", path, "--korch"), "")
+
+
+def test_bad_target_and_bad_shape(tmp_path):
+    path = tmp_path / "tiny.onnx"
+    path.write_bytes(make_tiny_onnx().SerializeToString())
+    _assert_one_line_error(run_cli("compile", path, "--target", "llvm -mcpu=x"), "target")
+    result = run_cli("compile", path, "--input-shape", "x")
+    assert result.returncode == 2 and "NAME:DIMS" in result.stderr
+
+
+def test_help_documents_every_flag():
+    result = run_cli("compile", "--help")
+    assert result.returncode == 0
+    for flag in ["--target", "--korch", "--tuning-logs", "--trials", "--time-budget", "-o",
+                 "--report", "--no-verify", "--input-shape", "--rpc-tracker", "--threads"]:
+        assert flag in result.stdout, flag
