@@ -461,3 +461,18 @@ def lowering_stats(before: tvm.IRModule, after: tvm.IRModule) -> dict:
         "primitives_by_kind": dict(sorted(by_kind.items())),
         "opaque_ops": {name: n for name, n in sorted(remaining.items()) if op_kind(name) == OPAQUE},
     }
+
+
+def lower_to_primitives(mod: tvm.IRModule) -> tvm.IRModule:
+    """PrimitiveLowering plus the clean-up the primitive graph expects.
+
+    The rules leave alias and unused tuple bindings behind, and constant-only subexpressions
+    (e.g. batch-norm factors computed from parameters) are folded so that they do not become
+    primitives of their own.
+    """
+    return tvm.transform.Sequential([
+        PrimitiveLowering(),
+        relax.transform.CanonicalizeBindings(),
+        relax.transform.FoldConstant(),
+        relax.transform.DeadCodeElimination(),
+    ])(mod)
