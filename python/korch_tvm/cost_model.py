@@ -1,0 +1,308 @@
+"""Predict kernel latency without measuring it, and prune candidates that cannot pay off.
+
+MetaSchedule's own XGBModel ranks schedules *within* one task (its labels are per-workload
+`min_cost / cost`), so it cannot say whether kernel A is slower than kernel B. Korch needs exactly
+that, so this is a separate XGBoost regressor on log-latency *across* kernels, trained on the best
+times in the tuning log. Where no model can be trained, `analytic_estimate` is a roofline guess.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import tvm
+
+from .errors import KorchError
+from .metaschedule_setup import prepare_for_target
+from .target import parse_target
+
+FORMAT_VERSION = 1
+MIN_TRAINING_KERNELS = 8  # fewer distinct kernels than this: the analytic estimate is better
+STORE_FEATURES = 164  # PerStoreFeature's row width in TVM 0.27
+KERNEL_FEATURE_NAMES = (
+    "log2_bytes_in", "log2_bytes_out", "log2_flops", "blocks", "reduction_blocks", "params",
+    "log2_analytic_seconds",
+)
+
+# Roofline constants for `analytic_estimate`, deliberately round numbers: the estimate only has
+# to rank kernels sensibly when nothing has been measured. CPU: DRAM bandwidth a couple of cores
+# can draw on a server part, and per-core fp32 throughput of tuned AVX2/AVX-512 loops (well below
+# the FMA peak). GPU: H100/H200-class HBM bandwidth and fp32 (non-tensor-core) peak. A launch
+# overhead per kernel is added: it is what fusion saves, so leaving it out would make any split
+# look free.
+CPU_BANDWIDTH_BYTES_PER_SECOND = 20e9
+CPU_FLOPS_PER_CORE = 25e9
+CPU_LAUNCH_SECONDS = 2e-6
+GPU_BANDWIDTH_BYTES_PER_SECOND = 3e12
+GPU_FLOPS = 5e13
+GPU_LAUNCH_SECONDS = 5e-6
+
+
+@dataclass(frozen=True)
+class CostSample:
+    """A kernel and its measured latency; `record` (optional) is the schedule that achieved it."""
+
+    kernel: tvm.IRModule
+    seconds: float
+    record: object | None = None  # ms.database.TuningRecord
+
+
+@dataclass(frozen=True)
+class KernelShape:
+    """Schedule-independent facts about a kernel, read from its PrimFunc."""
+
+    bytes_in: int
+    bytes_out: int
+    flops: float
+    blocks: int
+    reduction_blocks: int
+    params: int
+
+
+def kernel_shape(kernel_mod: tvm.IRModule) -> KernelShape:
+    """Bytes in/out (params read / written by some block), FLOPs and block counts."""
+    from tvm.s_tir.analysis import estimate_tir_flops
+
+    func = kernel_mod["main"]
+    schedule = tvm.s_tir.Schedule(kernel_mod)
+    blocks = []
+    pending = [schedule.get_sblock("root", func_name="main")]
+    while pending:
+        children = schedule.get_child_blocks(pending.pop())
+        blocks += [schedule.get(child) for child in children]
+        pending += list(children)
+    written = [region.source for block in blocks for region in block.writes]
+    bytes_in = bytes_out = 0
+    for param in func.params:
+        size = math.prod(int(dim) for dim in param.shape) * tvm.DataType(str(param.dtype)).bits // 8
+        if any(param.same_as(source) for source in written):
+            bytes_out += size
+        else:
+            bytes_in += size
+    reductions = sum(any(int(iv.iter_type) == 2 for iv in block.iter_vars) for block in blocks)
+    try:
+        flops = float(estimate_tir_flops(kernel_mod))
+    except Exception:  # noqa: BLE001 - opaque calls have no FLOP count
+        flops = 0.0
+    return KernelShape(bytes_in, bytes_out, flops, len(blocks), reductions, len(func.params))
+
+
+def analytic_estimate(kernel_mod: tvm.IRModule, target="llvm") -> float:
+    """launch + max(bytes / bandwidth, flops / peak) with the module's roofline constants."""
+    target = parse_target(target)
+    shape = kernel_shape(kernel_mod)
+    moved = shape.bytes_in + shape.bytes_out
+    if target.kind.name == "cuda":
+        return GPU_LAUNCH_SECONDS + max(moved / GPU_BANDWIDTH_BYTES_PER_SECOND,
+                                        shape.flops / GPU_FLOPS)
+    cores = int(target.attrs.get("num-cores", 1))
+    return CPU_LAUNCH_SECONDS + max(moved / CPU_BANDWIDTH_BYTES_PER_SECOND,
+                                    shape.flops / (CPU_FLOPS_PER_CORE * cores))
+
+
+def kernel_features(kernel_mod: tvm.IRModule, target, record=None) -> np.ndarray:
+    """PerStoreFeature of a schedule (default: untuned), aggregated, plus whole-kernel facts."""
+    from tvm.s_tir import meta_schedule as ms
+
+    target = parse_target(target)
+    prepare_for_target(target)  # TuneContext would otherwise spend ~30 s importing GPU intrinsics
+    if record is not None:
+        candidate = record.as_measure_candidate()
+    else:
+        candidate = ms.MeasureCandidate(tvm.s_tir.Schedule(kernel_mod),
+                                        ms.arg_info.ArgInfo.from_prim_func(kernel_mod["main"]))
+    context = ms.TuneContext(kernel_mod, target=target)
+    stores = ms.feature_extractor.PerStoreFeature().extract_from(context, [candidate])[0].numpy()
+    stores = stores.reshape(-1, STORE_FEATURES)
+    if len(stores) == 0:
+        stores = np.zeros((1, STORE_FEATURES))
+    shape = kernel_shape(kernel_mod)
+    whole = [math.log2(shape.bytes_in + 1), math.log2(shape.bytes_out + 1),
+             math.log2(shape.flops + 1), shape.blocks, shape.reduction_blocks, shape.params,
+             math.log2(analytic_estimate(kernel_mod, target))]
+    return np.concatenate([stores.sum(0), stores.max(0), [len(stores)], whole]).astype("float32")
+
+
+class CostModel:
+    """XGBoost regressor: kernel features -> log(seconds of the best known schedule)."""
+
+    def __init__(self, booster, target, *, trained_on: int, use_best_schedule: bool) -> None:
+        self.booster = booster
+        self.target = parse_target(target)
+        self.trained_on = trained_on
+        self.use_best_schedule = use_best_schedule
+
+    @classmethod
+    def train(cls, samples: Sequence[CostSample], target="llvm", *, rounds: int = 300,
+              use_best_schedule: bool = False, seed: int = 0) -> CostModel:
+        """Fit on samples with finite latency; failed kernels carry no timing information."""
+        import xgboost as xgb
+
+        usable = [s for s in samples if math.isfinite(s.seconds) and s.seconds > 0]
+        if len(usable) < 2:
+            raise KorchError(f"the cost model needs at least 2 measured kernels, got {len(usable)}")
+        features = np.stack([
+            kernel_features(s.kernel, target, s.record if use_best_schedule else None)
+            for s in usable
+        ])
+        labels = np.log([s.seconds for s in usable])
+        params = {"max_depth": 4, "eta": 0.1, "subsample": 0.9, "min_child_weight": 1,
+                  "nthread": 2, "seed": seed, "objective": "reg:squarederror"}
+        booster = xgb.train(params, xgb.DMatrix(features, label=labels), rounds)
+        return cls(booster, target, trained_on=len(usable), use_best_schedule=use_best_schedule)
+
+    @classmethod
+    def from_tuning_log(cls, tuning_log, *, use_best_schedule: bool = False, **kwargs) -> CostModel:
+        """Train on every kernel the log has a successful measurement for (label: best time).
+
+        Features describe the *untuned* schedule by default, because predictions are made for
+        kernels that have no record yet; `use_best_schedule=True` describes the best one instead.
+        """
+        samples = [
+            CostSample(k.kernel, k.best_seconds,
+                       tuning_log.best_record(k.kernel) if use_best_schedule else None)
+            for k in tuning_log.kernels() if math.isfinite(k.best_seconds)
+        ]
+        return cls.train(samples, tuning_log.target, use_best_schedule=use_best_schedule, **kwargs)
+
+    def predict(self, kernel_mod: tvm.IRModule) -> float:
+        return self.predict_many([kernel_mod])[0]
+
+    def predict_many(self, kernel_mods: Sequence[tvm.IRModule]) -> list[float]:
+        import xgboost as xgb
+
+        features = np.stack([kernel_features(mod, self.target) for mod in kernel_mods])
+        return [float(v) for v in np.exp(self.booster.predict(xgb.DMatrix(features)))]
+
+    def save(self, path: str | os.PathLike) -> None:
+        """xgboost's JSON model at `path` plus `path + ".meta.json"`; no pickle anywhere."""
+        path = os.fspath(path)
+        if not path.endswith(".json"):
+            raise KorchError(f"cost model path '{path}' must end in .json (xgboost's JSON format)")
+        self.booster.save_model(path)
+        meta = {"format_version": FORMAT_VERSION, "target": str(self.target),
+                "trained_on": self.trained_on, "use_best_schedule": self.use_best_schedule,
+                "label": "natural log of seconds", "store_features": STORE_FEATURES,
+                "kernel_features": list(KERNEL_FEATURE_NAMES)}
+        with open(path + ".meta.json", "w") as file:
+            json.dump(meta, file, indent=1)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> CostModel:
+        import xgboost as xgb
+
+        path = os.fspath(path)
+        try:
+            with open(path + ".meta.json") as file:
+                meta = json.load(file)
+            booster = xgb.Booster(params={"nthread": 2})
+            booster.load_model(path)
+        except (OSError, ValueError, xgb.core.XGBoostError) as err:
+            raise KorchError(f"cannot load cost model '{path}': {err}; retrain it") from None
+        if meta.get("format_version") != FORMAT_VERSION or \
+                meta.get("kernel_features") != list(KERNEL_FEATURE_NAMES):
+            raise KorchError(f"cost model '{path}' was saved by another korch_tvm version; retrain it")
+        return cls(booster, json.loads(meta["target"]), trained_on=meta["trained_on"],
+                   use_best_schedule=meta["use_best_schedule"])
+
+
+def default_predictor(tuning_log, target) -> Callable[[tvm.IRModule], float]:
+    """A model trained on the log when it holds enough kernels, else the analytic estimate."""
+    measured = [k for k in tuning_log.kernels() if math.isfinite(k.best_seconds)]
+    if len(measured) >= MIN_TRAINING_KERNELS:
+        return CostModel.from_tuning_log(tuning_log).predict
+    return lambda kernel_mod: analytic_estimate(kernel_mod, target)
+
+
+def evaluate(model, samples: Sequence[CostSample]) -> dict[str, float]:
+    """Spearman rank correlation and median relative error of `model.predict` on samples."""
+    from scipy.stats import spearmanr
+
+    usable = [s for s in samples if math.isfinite(s.seconds)]
+    predicted = np.array(model.predict_many([s.kernel for s in usable])
+                         if hasattr(model, "predict_many") else
+                         [model.predict(s.kernel) for s in usable])
+    actual = np.array([s.seconds for s in usable])
+    # A constant prediction ranks nothing: report no rank skill instead of scipy's nan + warning.
+    ranked = len(usable) > 1 and np.ptp(predicted) > 0 and np.ptp(actual) > 0
+    return {
+        "count": len(usable),
+        "spearman": float(spearmanr(predicted, actual).correlation) if ranked else 0.0,
+        "median_relative_error": float(np.median(np.abs(predicted - actual) / actual)),
+    }
+
+
+def prune_candidates(node_sets: Sequence[frozenset[int]], predicted: Sequence[float],
+                     margin: float) -> list[int]:
+    """Indices of the candidates worth measuring.
+
+    Rule: candidates are visited smallest first; a candidate C with two or more nodes is dropped
+    when `predicted[C] / (1 + margin)` exceeds the cheapest cover of C's nodes by *kept* candidates
+    that are strict subsets of C. Even if the model overrates C by the whole margin, some plan
+    that runs those smaller kernels instead (recomputing overlaps, which orchestration allows)
+    computes the same primitives for less. Restricting covers to kept candidates loses nothing,
+    since a dropped one is itself beaten by a cover of kept ones. Single-node candidates are
+    never dropped, so every primitive stays computable and a plan always exists.
+
+    Only "safe-ish": the model may be wrong by more than the margin, and the cover's kernels,
+    though each convex, can depend on each other in a cycle, which the orchestrator must cut.
+    """
+    assert len(node_sets) == len(predicted), "one prediction per candidate"
+    assert margin >= 0, "the margin is a relative error, >= 0"
+    bit = {node: position for position, node in enumerate(sorted(set().union(*node_sets)))}
+    masks = [sum(1 << bit[node] for node in nodes) for nodes in node_sets]
+    kept: list[int] = []
+    for index in sorted(range(len(node_sets)), key=lambda i: (len(node_sets[i]), i)):
+        mask = masks[index]
+        if len(node_sets[index]) <= 1:
+            kept.append(index)
+            continue
+        parts = [(masks[k], float(predicted[k])) for k in kept
+                 if masks[k] != mask and masks[k] & ~mask == 0]
+        cover = _cheapest_cover(mask, parts)
+        if not float(predicted[index]) / (1.0 + margin) > cover:
+            kept.append(index)
+    return sorted(kept)
+
+
+def _cheapest_cover(mask: int, parts: list[tuple[int, float]]) -> float:
+    """Least total cost of parts whose union is `mask` (inf when none).
+
+    Exact for small sets: always extend by a part containing the lowest uncovered node, which
+    visits each useful partial cover once. Larger sets use the greedy cover, whose cost is an
+    upper bound on the cheapest, so pruning against it is still sound, only less aggressive.
+    """
+    parts = [(m, c) for m, c in parts if math.isfinite(c)]
+    if bin(mask).count("1") > 16:
+        return _greedy_cover(mask, parts)
+    memo: dict[int, float] = {}
+
+    def best(covered: int) -> float:
+        if covered == mask:
+            return 0.0
+        if covered in memo:
+            return memo[covered]
+        lowest = (mask & ~covered) & -(mask & ~covered)
+        memo[covered] = min((cost + best(covered | part) for part, cost in parts
+                             if part & lowest), default=math.inf)
+        return memo[covered]
+
+    return best(0)
+
+
+def _greedy_cover(mask: int, parts: list[tuple[int, float]]) -> float:
+    covered, total = 0, 0.0
+    while covered != mask:
+        useful = [(cost / bin(part & ~covered).count("1"), part, cost)
+                  for part, cost in parts if part & ~covered]
+        if not useful:
+            return math.inf
+        _, part, cost = min(useful)
+        covered |= part
+        total += cost
+    return total

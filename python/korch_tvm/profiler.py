@@ -1,0 +1,333 @@
+"""Cost every candidate kernel: reuse the tuning log, measure or tune the rest, predict the leftovers.
+
+The stage, per distinct kernel module, in order:
+1. a record in the log -> its best time, zero trials (a second compile does no work);
+2. otherwise its default (unscheduled) schedule is built and run once and the result recorded:
+   this finds kernels that cannot build or run (cost inf, never a crash) and gives every kernel a
+   finite fallback before any tuning starts;
+3. with `trials > 0`, MetaSchedule tunes the survivors (one TuneContext each, a fair share of the
+   trials, at least MIN_TRIALS_PER_TASK); every trial lands in the log through its database;
+4. whatever `time_budget` left without a measurement gets a cost-model prediction.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Literal
+
+import tvm
+import tvm_ffi
+
+from .metaschedule_setup import (
+    evaluator_config,
+    local_builder,
+    prepare_for_target,
+    search_strategy,
+    skip_gpu_tensor_intrin,
+)
+from .target import host_core_count, parse_target
+from .tuning_log import TuningLog
+
+logger = logging.getLogger("korch_tvm.profiler")
+metaschedule_logger = logging.getLogger("korch_tvm.metaschedule")
+# A library must not print through logging's last-resort handler: MetaSchedule's chatter reaches
+# the terminal only if the application configures a handler for it (or for the root logger).
+metaschedule_logger.addHandler(logging.NullHandler())
+
+MIN_TRIALS_PER_TASK = 4
+# With a time budget, kernels are measured/tuned in groups so the budget is checked between them.
+MEASURE_GROUP = 16
+TUNE_GROUP = 4
+INITIAL_SECONDS_PER_TRIAL = 0.5  # first guess, replaced by the observed rate
+
+CostSource = Literal["measured", "tuned", "log", "predicted", "failed"]
+Predictor = Callable[[tvm.IRModule], float]
+
+
+@dataclass(frozen=True)
+class KernelCost:
+    """Latency of one kernel and where the number came from."""
+
+    seconds: float
+    source: CostSource
+    trials: int
+    error: str | None = None
+
+
+def rpc_runner(tracker_host: str, tracker_port: int, key: str, *, cache_flush: bool = True,
+               max_workers: int = 1, session_timeout_sec: int = 60):
+    """MetaSchedule's RPCRunner: measure on devices registered with an RPC tracker under `key`."""
+    from tvm.s_tir import meta_schedule as ms
+
+    skip_gpu_tensor_intrin()
+    config = ms.runner.RPCConfig(tracker_host=tracker_host, tracker_port=int(tracker_port),
+                                 tracker_key=key, session_timeout_sec=session_timeout_sec)
+    return ms.runner.RPCRunner(
+        rpc_config=config, max_workers=max_workers, initializer=skip_gpu_tensor_intrin,
+        evaluator_config=evaluator_config(enable_cpu_cache_flush=cache_flush),
+    )
+
+
+def local_runner(target, *, cache_flush: bool | None = None):
+    """The default runner: this machine, cold caches on the CPU (as kernels run inside a model)."""
+    from tvm.s_tir import meta_schedule as ms
+
+    if cache_flush is None:
+        cache_flush = target.kind.name == "llvm"
+    return ms.runner.LocalRunner(evaluator_config=evaluator_config(enable_cpu_cache_flush=cache_flush))
+
+
+@contextmanager
+def metaschedule_logs_routed() -> None:
+    """Send everything MetaSchedule logs (`tvm.s_tir.meta_schedule.*`) to korch_tvm.metaschedule."""
+    source = logging.getLogger("tvm.s_tir.meta_schedule")
+
+    class Forward(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            metaschedule_logger.handle(record)
+
+    handler, propagate, level = Forward(), source.propagate, source.level
+    source.addHandler(handler)
+    source.propagate = False
+    source.setLevel(logging.DEBUG if metaschedule_logger.isEnabledFor(logging.DEBUG) else logging.INFO)
+    try:
+        yield
+    finally:
+        source.removeHandler(handler)
+        source.propagate, source.level = propagate, level
+
+
+class _Progress:
+    """One self-overwriting stderr line: kernels done/total, trials, elapsed, ETA."""
+
+    def __init__(self, total: int, enabled: bool | None) -> None:
+        self.enabled = sys.stderr.isatty() if enabled is None else enabled
+        self.total, self.done, self.trials = total, 0, 0
+        self.start = time.perf_counter()
+
+    def update(self, done: int = 0, trials: int = 0, stage: str = "") -> None:
+        self.done += done
+        self.trials += trials
+        if not self.enabled:
+            return
+        elapsed = time.perf_counter() - self.start
+        eta = elapsed / self.done * (self.total - self.done) if self.done else float("nan")
+        sys.stderr.write(f"\r[korch] {stage:8s} kernels {self.done}/{self.total}  trials "
+                         f"{self.trials}  elapsed {elapsed:5.1f}s  ETA {eta:5.1f}s ")
+        sys.stderr.flush()
+
+    def close(self) -> None:
+        if self.enabled:
+            sys.stderr.write("\n")
+
+
+def profile_kernels(
+    kernels: Mapping[str, tvm.IRModule],
+    target,
+    tuning_log: TuningLog,
+    *,
+    trials: int,
+    time_budget: float | None = None,
+    weights: Mapping[str, float] | None = None,
+    runner=None,
+    builder=None,
+    predictor: Predictor | None = None,
+    progress: bool | None = None,
+    seed: int = 0,
+) -> dict[str, KernelCost]:
+    """Cost each kernel (`{"main": PrimFunc}` modules); see the module docstring for the order.
+
+    `trials` is the total tuning budget shared fairly by the kernels that need tuning;
+    `time_budget` (seconds) bounds the whole stage; `weights` (how often each kernel runs in the
+    model) rank kernels for the time budget and steer the task scheduler; `runner`/`builder`
+    default to this machine; `predictor` defaults to a cost model trained on the log.
+    """
+    target = parse_target(target)
+    prepare_for_target(target)
+    deadline = math.inf if time_budget is None else time.perf_counter() + max(0.0, time_budget)
+    weights = dict(weights or {})
+    distinct = _distinct(kernels)  # representative name -> names sharing its module
+    costs: dict[str, KernelCost] = {}
+    pending = []
+    for name in distinct:
+        best = tuning_log.best_seconds(kernels[name])
+        if best is None:
+            pending.append(name)
+        else:
+            error = None if math.isfinite(best) else "every logged measurement failed"
+            costs[name] = KernelCost(best, "log", 0, error)
+    pending.sort(key=lambda name: -sum(weights.get(n, 1.0) for n in distinct[name]))
+    bar = _Progress(len(distinct), progress)
+    bar.update(done=len(costs), stage="log")
+    if pending and time.perf_counter() < deadline:  # their worker pools take seconds to start
+        runner = runner or local_runner(target)
+        builder = builder or local_builder(target, max_workers=max(1, host_core_count()))
+    with metaschedule_logs_routed():
+        measured = _measure_defaults(pending, kernels, target, tuning_log, builder, runner,
+                                     deadline, bar, final=trials <= 0)
+        costs.update(measured)
+        if trials > 0:
+            tunable = [n for n in pending if n in measured and measured[n].source != "failed"]
+            costs.update(_tune(tunable, kernels, target, tuning_log, builder, runner, trials,
+                               weights, deadline, bar, seed))
+    leftovers = [name for name in pending if name not in costs]
+    if leftovers:
+        predict = predictor or _default_predictor(tuning_log, target)
+        for name in leftovers:
+            costs[name] = KernelCost(_safe_predict(predict, kernels[name], target), "predicted", 0)
+        bar.update(done=len(leftovers), stage="predict")
+    bar.close()
+    return {name: costs[rep] for rep, names in distinct.items() for name in names}
+
+
+def _distinct(kernels: Mapping[str, tvm.IRModule]) -> dict[str, list[str]]:
+    """Group names whose modules are structurally equal, so each is measured once."""
+    groups: dict[str, list[str]] = {}
+    by_hash: dict[int, list[str]] = {}
+    for name, mod in kernels.items():
+        bucket = by_hash.setdefault(tvm_ffi.structural_hash(mod), [])
+        twin = next((rep for rep in bucket if tvm_ffi.structural_equal(kernels[rep], mod)), None)
+        if twin is None:
+            bucket.append(name)
+            groups[name] = [name]
+        else:
+            groups[twin].append(name)
+    return groups
+
+
+def _device_type(target) -> str:
+    return "cuda" if target.kind.name == "cuda" else "cpu"
+
+
+def _measure_defaults(names, kernels, target, tuning_log, builder, runner, deadline, bar, final):
+    """Build and run each kernel's default schedule once; record every outcome in the log."""
+    from tvm.s_tir import meta_schedule as ms
+
+    costs = {}
+    group = len(names) if math.isinf(deadline) else MEASURE_GROUP
+    for start in range(0, len(names), max(1, group)):
+        if time.perf_counter() >= deadline:
+            break
+        chunk = names[start:start + group]
+        results = {}
+        try:
+            built = builder.build([ms.builder.BuilderInput(kernels[n], target) for n in chunk])
+        except Exception as err:  # noqa: BLE001 - a builder crash fails this chunk only
+            built = [ms.builder.BuilderResult(None, f"builder crashed: {err}") for _ in chunk]
+        to_run = []
+        for name, result in zip(chunk, built):
+            if result.error_msg is not None:
+                results[name] = (None, "build failed: " + _first_line(result.error_msg))
+            else:
+                args = ms.arg_info.ArgInfo.from_prim_func(kernels[name]["main"])
+                to_run.append((name, ms.runner.RunnerInput(result.artifact_path,
+                                                           _device_type(target), args)))
+        futures = runner.run([entry for _, entry in to_run]) if to_run else []
+        for (name, _), future in zip(to_run, futures):
+            outcome = future.result()
+            if outcome.error_msg is not None or not outcome.run_secs:
+                results[name] = (None, "run failed: " + _first_line(outcome.error_msg or "no time"))
+            else:
+                results[name] = ([float(s) for s in outcome.run_secs], None)
+        for name in chunk:
+            run_secs, error = results[name]
+            tuning_log.commit_run(kernels[name], run_secs)
+            if error is not None:
+                logger.warning("kernel %s cannot be costed: %s", name, error)
+                costs[name] = KernelCost(math.inf, "failed", 1, error)
+            else:
+                costs[name] = KernelCost(sum(run_secs) / len(run_secs), "measured", 1)
+        bar.update(done=len(chunk) if final else 0, trials=len(chunk), stage="measure")
+    return costs
+
+
+def _tune(names, kernels, target, tuning_log, builder, runner, trials, weights, deadline, bar,
+          seed):
+    """MetaSchedule tuning, one TuneContext per kernel, in groups that the deadline can stop."""
+    per_task = max(MIN_TRIALS_PER_TASK, trials // max(1, len(names)))
+    group = len(names) if math.isinf(deadline) else TUNE_GROUP
+    seconds_per_trial = INITIAL_SECONDS_PER_TRIAL
+    costs = {}
+    for start in range(0, len(names), max(1, group)):
+        chunk = names[start:start + group]
+        remaining = deadline - time.perf_counter()
+        if remaining < seconds_per_trial * per_task * len(chunk):
+            break  # the rest keep their default-schedule measurement
+        before = {n: tuning_log.record_count(kernels[n]) for n in chunk}
+        began = time.perf_counter()
+        errors = _tune_group(chunk, kernels, target, tuning_log, builder, runner, per_task,
+                             weights, seed + start)
+        done = {n: tuning_log.record_count(kernels[n]) - before[n] for n in chunk}
+        if sum(done.values()):
+            seconds_per_trial = (time.perf_counter() - began) / sum(done.values())
+        for name in chunk:
+            best = tuning_log.best_seconds(kernels[name])
+            costs[name] = KernelCost(best, "tuned", 1 + done[name], errors.get(name))
+        bar.update(done=len(chunk), trials=sum(done.values()), stage="tune")
+    return costs
+
+
+def _tune_group(names, kernels, target, tuning_log, builder, runner, per_task, weights, seed):
+    """Run tune_tasks on `names`; if MetaSchedule raises, retry the kernels one by one."""
+    from tvm.s_tir import meta_schedule as ms
+
+    def tune(batch) -> None:
+        contexts = [
+            ms.TuneContext(kernels[n], target=target, space_generator="post-order-apply",
+                           search_strategy=search_strategy(), task_name=n, rand_state=seed + i,
+                           num_threads=max(1, host_core_count()), logger=metaschedule_logger)
+            for i, n in enumerate(batch)
+        ]
+        with tempfile.TemporaryDirectory(prefix="korch-tune-") as work_dir:
+            ms.tune_tasks(
+                tasks=contexts, task_weights=[float(weights.get(n, 1.0)) for n in batch],
+                work_dir=work_dir, max_trials_global=per_task * len(batch),
+                max_trials_per_task=per_task, num_trials_per_iter=min(per_task, 32),
+                builder=builder, runner=runner, database=tuning_log.database,
+                cost_model="xgb" if per_task * len(batch) >= 256 else "random",
+                task_scheduler="gradient",
+            )
+
+    try:
+        tune(names)
+        return {}
+    except Exception as err:  # noqa: BLE001 - MetaSchedule raises many kinds
+        if len(names) == 1:
+            logger.warning("tuning %s failed; keeping its default schedule: %s", names[0],
+                           _first_line(str(err)))
+            return {names[0]: "tuning failed: " + _first_line(str(err))}
+    errors = {}
+    for name in names:
+        errors.update(_tune_group([name], kernels, target, tuning_log, builder, runner, per_task,
+                                  weights, seed))
+    return errors
+
+
+def _default_predictor(tuning_log: TuningLog, target) -> Predictor:
+    from .cost_model import default_predictor
+
+    return default_predictor(tuning_log, target)
+
+
+def _safe_predict(predict: Predictor, kernel_mod: tvm.IRModule, target) -> float:
+    """A prediction never fails the stage: fall back to the analytic roofline estimate."""
+    from .cost_model import analytic_estimate
+
+    try:
+        return float(predict(kernel_mod))
+    except Exception as err:  # noqa: BLE001
+        logger.warning("cost model failed (%s); using the analytic estimate", _first_line(str(err)))
+        return analytic_estimate(kernel_mod, target)
+
+
+def _first_line(text: str) -> str:
+    lines = [line.strip() for line in str(text).splitlines() if line.strip()]
+    useful = [line for line in lines if "Error" in line or "error" in line] or lines
+    return (useful[-1] if useful else "unknown error")[:300]

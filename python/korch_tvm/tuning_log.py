@@ -1,0 +1,495 @@
+"""The on-disk tuning log: one directory per target, in MetaSchedule's own JSON database format.
+
+Layout: `<root>/<target_tag>/database_workload.json` and `database_tuning_record.json`, one JSON
+value per line, exactly what `ms.database.JSONDatabase` reads and writes, so stock MetaSchedule
+can use, merge and share the files. Three things the stock database does not do, and this does:
+
+* **Concurrency.** A record line names its workload by *line number* in the workload file, so two
+  processes appending with their own in-memory numbering would corrupt each other. Every write
+  here happens under an exclusive `fcntl` lock on `<dir>/.korch.lock`, after catching up with
+  lines other processes appended, and is one `O_APPEND` write of a whole line.
+* **Corruption.** The stock loader aborts on one bad line. Here a bad line is logged, copied
+  verbatim to `<file>.corrupt` (never silently destroyed) and removed; a bad workload line in the
+  middle is replaced by a copy of a good one so that every other line keeps its number.
+* **Read-only directories.** Records already there are used; new ones are kept in memory and a
+  warning says they will not be saved (a shared, committed log stays usable, never half-written).
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import json
+import logging
+import math
+import os
+import statistics
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import tvm
+import tvm_ffi
+from tvm.ir.utils import derived_object
+from tvm.s_tir import meta_schedule as ms
+from tvm.s_tir.meta_schedule.database import PyDatabase, TuningRecord, Workload
+
+from .target import parse_target, target_tag
+
+logger = logging.getLogger("korch_tvm.tuning_log")
+
+WORKLOAD_FILE = "database_workload.json"
+RECORD_FILE = "database_tuning_record.json"
+LOCK_FILE = ".korch.lock"
+# MetaSchedule records a failed build/run with this mean time (kMaxMeanTime in its C++ code).
+FAILED_RUN_SECONDS = 1e10
+
+
+@dataclass(frozen=True)
+class LoggedKernel:
+    """One workload of the log and what its records say about it."""
+
+    kernel: tvm.IRModule
+    best_seconds: float  # math.inf when every record is a failure
+    records: int
+
+
+def _mean_seconds(run_secs) -> float:
+    values = [float(s) for s in run_secs or []]
+    if not values or min(values) >= FAILED_RUN_SECONDS:
+        return math.inf
+    return sum(values) / len(values)
+
+
+def _dump_line(value) -> bytes:
+    return (json.dumps(value, separators=(",", ":")) + "\n").encode()
+
+
+def _split_lines(data: bytes) -> tuple[list[bytes], bytes]:
+    """Complete lines (without newline) and the unterminated tail, if any."""
+    *lines, tail = data.split(b"\n")
+    return lines, tail
+
+
+class _Table:
+    """The parsed contents of one log directory: workloads by line number and their records.
+
+    Queries are answered here rather than by a MetaSchedule MemoryDatabase, whose `GetTopK`
+    matches workloads by object identity and so misses records loaded from the files.
+    """
+
+    def __init__(self) -> None:
+        self.workload_lines = 0  # line count of the workload file
+        self.workload_bytes = 0  # bytes of each file consumed so far
+        self.record_bytes = 0
+        self.file_ids: tuple = ()
+        self.workloads: dict[int, Workload] = {}  # line number -> workload
+        self.canonical: dict[int, int] = {}  # line number -> first line of an equal workload
+        self.by_hash: dict[int, list[int]] = {}  # structural hash -> canonical line numbers
+        self.records: dict[int, list[tuple[float, TuningRecord]]] = {}  # canonical line -> runs
+
+    def find(self, mod: tvm.IRModule) -> int | None:
+        """Canonical line number of the workload structurally equal to `mod`."""
+        for line in self.by_hash.get(tvm_ffi.structural_hash(mod), []):
+            if tvm_ffi.structural_equal(self.workloads[line].mod, mod):
+                return line
+        return None
+
+    def add_workload(self, line: int, workload: Workload) -> None:
+        found = self.find(workload.mod)
+        if found is None:
+            self.by_hash.setdefault(tvm_ffi.structural_hash(workload.mod), []).append(line)
+            found = line
+        self.workloads[line] = workload
+        self.canonical[line] = found
+
+    def add_record(self, line: int, record: TuningRecord) -> None:
+        runs = self.records.setdefault(self.canonical[line], [])
+        runs.append((_mean_seconds(record.run_secs), record))
+
+    def top_k(self, mod: tvm.IRModule, k: int) -> list[TuningRecord]:
+        line = self.find(mod)
+        runs = [] if line is None else self.records.get(line, [])
+        ranked = sorted((run for run in runs if math.isfinite(run[0])), key=lambda run: run[0])
+        return [record for _, record in ranked[:k]]
+
+    def size(self) -> int:
+        return sum(len(runs) for runs in self.records.values())
+
+
+def _parse_workload(line: bytes) -> Workload:
+    value = json.loads(line)
+    if not (isinstance(value, list) and len(value) == 2 and all(isinstance(v, str) for v in value)):
+        raise ValueError("not a [hash, module] pair")
+    return Workload.from_json(value)
+
+
+def _parse_record(line: bytes, table: _Table) -> tuple[int, TuningRecord]:
+    value = json.loads(line)
+    if not (isinstance(value, list) and len(value) == 2 and isinstance(value[0], int)):
+        raise ValueError("not a [workload index, record] pair")
+    if value[0] not in table.workloads:
+        raise ValueError(f"workload index {value[0]} is missing or corrupt")
+    return value[0], TuningRecord.from_json(value[1], table.workloads[value[0]])
+
+
+class TuningLog:
+    """The tuning log of one target: lookups by kernel module and a MetaSchedule `database`."""
+
+    def __init__(self, root_dir: str | os.PathLike, target="llvm") -> None:
+        self.target = parse_target(target)
+        self.directory = os.path.join(os.fspath(root_dir), target_tag(self.target))
+        self.writable = self._make_directory()
+        self._thread_lock = threading.RLock()
+        self._lock_depth = 0
+        self._table = _Table()
+        with self._locked():
+            self._load_all()
+        self.database = _LogDatabase(self)
+
+    # ---- public lookups -------------------------------------------------------------------
+    def has_record(self, kernel_mod: tvm.IRModule) -> bool:
+        """Whether any record (even a failed one) exists: such a kernel needs no more work."""
+        return self.record_count(kernel_mod) > 0
+
+    def record_count(self, kernel_mod: tvm.IRModule) -> int:
+        self.refresh()
+        line = self._table.find(kernel_mod)
+        return 0 if line is None else len(self._table.records.get(line, []))
+
+    def best_seconds(self, kernel_mod: tvm.IRModule) -> float | None:
+        """Best mean run time; None without records, math.inf when every record failed."""
+        self.refresh()
+        line = self._table.find(kernel_mod)
+        runs = [] if line is None else self._table.records.get(line, [])
+        return min(seconds for seconds, _ in runs) if runs else None
+
+    def best_record(self, kernel_mod: tvm.IRModule) -> TuningRecord | None:
+        """The fastest successful record (its trace rebuilds the tuned schedule)."""
+        self.refresh()
+        best = self._table.top_k(kernel_mod, 1)
+        return best[0] if best else None
+
+    def kernels(self) -> list[LoggedKernel]:
+        """Every workload with at least one record, in file order."""
+        self.refresh()
+        table = self._table
+        return [
+            LoggedKernel(table.workloads[line].mod, min(s for s, _ in runs), len(runs))
+            for line, runs in sorted(table.records.items())
+            if runs
+        ]
+
+    def commit_run(self, kernel_mod: tvm.IRModule, run_seconds: Sequence[float] | None,
+                   trace=None) -> None:
+        """Record one measurement of `kernel_mod` (default schedule when `trace` is None).
+
+        `run_seconds=None` records a failure the way MetaSchedule does, so a kernel that cannot
+        build is not retried on every compile.
+        """
+        if trace is None:
+            trace = default_trace(kernel_mod)
+        workload = self.database.commit_workload(kernel_mod)
+        secs = list(run_seconds) if run_seconds else [FAILED_RUN_SECONDS]
+        args = ms.arg_info.ArgInfo.from_prim_func(kernel_mod["main"])
+        self.database.commit_tuning_record(TuningRecord(trace, workload, secs, self.target, args))
+
+    def refresh(self) -> None:
+        """Catch up with lines other processes appended since the last look."""
+        with self._locked():
+            self._sync()
+
+    # ---- files ----------------------------------------------------------------------------
+    def _path(self, name: str) -> str:
+        return os.path.join(self.directory, name)
+
+    def _make_directory(self) -> bool:
+        try:
+            os.makedirs(self.directory, exist_ok=True)
+            for name in (WORKLOAD_FILE, RECORD_FILE, LOCK_FILE):
+                with open(self._path(name), "ab"):
+                    pass
+            return True
+        except OSError as err:
+            if err.errno not in (errno.EACCES, errno.EROFS, errno.EPERM):
+                raise
+            logger.warning("tuning log %s is read-only (%s); new records stay in memory and are "
+                           "lost at exit", self.directory, err.strerror)
+            return False
+
+    @contextmanager
+    def _locked(self) -> Iterator[None]:
+        """Exclusive lock across processes and threads, re-entrant within this object.
+
+        (`flock` on a second descriptor of the same file would block this very process.)
+        A read-only log has no writers to exclude.
+        """
+        with self._thread_lock:
+            if not self.writable or self._lock_depth:
+                self._lock_depth += 1
+                try:
+                    yield
+                finally:
+                    self._lock_depth -= 1
+                return
+            with open(self._path(LOCK_FILE), "ab") as lock:
+                fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
+                self._lock_depth += 1
+                try:
+                    yield
+                finally:
+                    self._lock_depth -= 1
+                    fcntl.flock(lock.fileno(), fcntl.LOCK_UN)
+
+    def _read(self, name: str, offset: int = 0) -> bytes:
+        try:
+            with open(self._path(name), "rb") as file:
+                file.seek(offset)
+                return file.read()
+        except FileNotFoundError:
+            return b""
+
+    def _file_ids(self) -> tuple:
+        ids = []
+        for name in (WORKLOAD_FILE, RECORD_FILE):
+            try:
+                stat = os.stat(self._path(name))
+                ids.append((stat.st_ino, stat.st_dev))
+            except FileNotFoundError:
+                ids.append(None)
+        return tuple(ids)
+
+    def _set_aside(self, name: str, bad_lines: list[bytes], reasons: list[str]) -> None:
+        """Keep bad lines verbatim in `<file>.corrupt` so nothing the user had is destroyed."""
+        for line, reason in zip(bad_lines, reasons):
+            logger.warning("tuning log %s: skipped a corrupt line (%s)", self._path(name), reason)
+        if self.writable:
+            with open(self._path(name + ".corrupt"), "ab") as file:
+                file.write(b"".join(line + b"\n" for line in bad_lines))
+                file.flush()
+                os.fsync(file.fileno())
+
+    def _replace(self, name: str, lines: list[bytes]) -> None:
+        temporary = self._path(f".{name}.{os.getpid()}.tmp")
+        with open(temporary, "wb") as file:
+            file.write(b"".join(line + b"\n" for line in lines))
+            file.flush()
+            os.fsync(file.fileno())
+        os.replace(temporary, self._path(name))
+
+    def _load_all(self) -> None:
+        """Parse both files from scratch; set bad lines aside and rewrite the files clean."""
+        table = _Table()
+        workload_lines, workload_tail = _split_lines(self._read(WORKLOAD_FILE))
+        record_lines, record_tail = _split_lines(self._read(RECORD_FILE))
+        bad_workloads, bad_workload_reasons, good_workload_lines = [], [], {}
+        for line_no, line in enumerate(workload_lines + ([workload_tail] if workload_tail else [])):
+            try:
+                table.add_workload(line_no, _parse_workload(line))
+                good_workload_lines[line_no] = line
+            except Exception as err:  # noqa: BLE001 - any parse failure means a bad line
+                bad_workloads.append((line_no, line))
+                bad_workload_reasons.append(f"workload line {line_no + 1}: {_short(err)}")
+        bad_records, bad_record_reasons, good_records = [], [], []
+        for line_no, line in enumerate(record_lines + ([record_tail] if record_tail else [])):
+            try:
+                table.add_record(*_parse_record(line, table))
+                good_records.append(line)
+            except Exception as err:  # noqa: BLE001
+                bad_records.append(line)
+                bad_record_reasons.append(f"record line {line_no + 1}: {_short(err)}")
+        # A complete last line without its newline would swallow the next append: rewrite too.
+        needs_rewrite = bool(bad_workloads or bad_records or workload_tail or record_tail)
+        if needs_rewrite and self.writable:
+            self._set_aside(RECORD_FILE, bad_records, bad_record_reasons)
+            self._set_aside(WORKLOAD_FILE, [line for _, line in bad_workloads],
+                            bad_workload_reasons)
+            # Records first: a crash between the two rewrites leaves no record pointing at a
+            # workload line that is about to change.
+            self._replace(RECORD_FILE, good_records)
+            self._replace(WORKLOAD_FILE, _renumbered(good_workload_lines))
+            return self._load_all()
+        if needs_rewrite:
+            for line, reason in zip(bad_workloads + bad_records,
+                                    bad_workload_reasons + bad_record_reasons):
+                logger.warning("tuning log %s: skipped a corrupt line (%s)", self.directory, reason)
+        table.workload_lines = len(workload_lines) + (1 if workload_tail else 0)
+        table.workload_bytes = len(self._read(WORKLOAD_FILE))
+        table.record_bytes = len(self._read(RECORD_FILE))
+        table.file_ids = self._file_ids()
+        self._table = table
+
+    def _sync(self) -> None:
+        """Parse lines appended by others; anything unusual triggers a full, cleaning reload."""
+        table = self._table
+        if self._file_ids() != table.file_ids:
+            return self._load_all()
+        new_workloads = self._read(WORKLOAD_FILE, table.workload_bytes)
+        new_records = self._read(RECORD_FILE, table.record_bytes)
+        if (new_workloads and not new_workloads.endswith(b"\n")) or (
+            new_records and not new_records.endswith(b"\n")
+        ):
+            return self._load_all()  # a writer died mid-line
+        try:
+            for line in _split_lines(new_workloads)[0]:
+                table.add_workload(table.workload_lines, _parse_workload(line))
+                table.workload_lines += 1
+                table.workload_bytes += len(line) + 1
+            for line in _split_lines(new_records)[0]:
+                table.add_record(*_parse_record(line, table))
+                table.record_bytes += len(line) + 1
+        except Exception:  # noqa: BLE001 - a bad appended line: clean everything
+            self._load_all()
+
+    def _append(self, name: str, line: bytes) -> None:
+        if not self.writable:
+            return
+        fd = os.open(self._path(name), os.O_WRONLY | os.O_APPEND)
+        try:
+            os.write(fd, line)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    # ---- the MetaSchedule database's writes ---------------------------------------------------
+    def _commit_workload(self, mod: tvm.IRModule) -> Workload:
+        with self._locked():
+            self._sync()
+            table = self._table
+            line = table.find(mod)
+            if line is None:
+                workload = Workload(mod)
+                data = _dump_line(workload.as_json())
+                self._append(WORKLOAD_FILE, data)
+                line = table.workload_lines
+                table.add_workload(line, workload)
+                table.workload_lines += 1
+                table.workload_bytes += len(data) if self.writable else 0
+            return table.workloads[line]
+
+    def _commit_record(self, record: TuningRecord) -> None:
+        with self._locked():
+            self._sync()
+            table = self._table
+            line = table.find(record.workload.mod)
+            if line is None:
+                self._commit_workload(record.workload.mod)
+                line = table.find(record.workload.mod)
+            record = TuningRecord.from_json(record.as_json(), table.workloads[line])
+            data = _dump_line([line, record.as_json()])
+            self._append(RECORD_FILE, data)
+            table.add_record(line, record)
+            table.record_bytes += len(data) if self.writable else 0
+
+
+def default_trace(kernel_mod: tvm.IRModule):
+    """A trace that leaves the kernel as written: one harmless `get_sblock("root")`.
+
+    Stock MetaSchedule ignores records whose trace is empty, so an empty one would make the
+    default-schedule measurement invisible to `JSONDatabase` and `MetaScheduleApplyDatabase`.
+    """
+    schedule = tvm.s_tir.Schedule(kernel_mod)
+    try:
+        schedule.get_sblock("root", func_name="main")
+    except Exception:  # noqa: BLE001 - no root block: keep the (empty) trace
+        pass
+    return schedule.trace
+
+
+def _renumbered(good_lines: dict[int, bytes]) -> list[bytes]:
+    """Workload lines with every good line at its old number; trailing bad lines are dropped."""
+    if not good_lines:
+        return []
+    filler = next(iter(good_lines.values()))  # a duplicate workload is harmless to readers
+    return [good_lines.get(line_no, filler) for line_no in range(max(good_lines) + 1)]
+
+
+def _short(err: Exception) -> str:
+    text = str(err).strip().splitlines()
+    return f"{type(err).__name__}: {text[0] if text else ''}"[:200]
+
+
+@derived_object
+class _LogDatabase(PyDatabase):
+    """MetaSchedule's view of a TuningLog: writes go through the log's lock, reads to its table."""
+
+    def __init__(self, log: TuningLog) -> None:
+        super().__init__()
+        self._log = log
+
+    def has_workload(self, mod: tvm.IRModule) -> bool:
+        return self._log._table.find(mod) is not None
+
+    def commit_workload(self, mod: tvm.IRModule) -> Workload:
+        return self._log._commit_workload(mod)
+
+    def commit_tuning_record(self, record: TuningRecord) -> None:
+        self._log._commit_record(record)
+
+    def get_top_k(self, workload: Workload, top_k: int) -> list[TuningRecord]:
+        return self._log._table.top_k(workload.mod, top_k)
+
+    def get_all_tuning_records(self) -> list[TuningRecord]:
+        table = self._log._table
+        return [record for _, runs in sorted(table.records.items()) for _, record in runs]
+
+    def __len__(self) -> int:
+        return self._log._table.size()
+
+
+def log_stats(root_dir: str | os.PathLike) -> dict[str, dict]:
+    """Per target directory: workload and record counts and a summary of best times.
+
+    Reads the JSON lines only (no TVM parsing, no cleaning), so it is fast and never writes.
+    """
+    stats = {}
+    root = os.fspath(root_dir)
+    if not os.path.isdir(root):
+        return stats
+    for tag in sorted(os.listdir(root)):
+        directory = os.path.join(root, tag)
+        if not os.path.isfile(os.path.join(directory, WORKLOAD_FILE)):
+            continue
+        stats[tag] = _directory_stats(directory)
+    return stats
+
+
+def _directory_stats(directory: str) -> dict:
+    corrupt = 0
+    workload_hash = {}
+    with open(os.path.join(directory, WORKLOAD_FILE), "rb") as file:
+        for line_no, line in enumerate(file.read().splitlines()):
+            try:
+                workload_hash[line_no] = json.loads(line)[0]
+            except (ValueError, IndexError, TypeError):
+                corrupt += 1
+    best: dict[str, float] = {}
+    records = failed = 0
+    path = os.path.join(directory, RECORD_FILE)
+    data = open(path, "rb").read() if os.path.exists(path) else b""
+    for line in data.splitlines():
+        try:
+            index, record = json.loads(line)
+            seconds = _mean_seconds(record[1])
+            key = workload_hash[index]
+        except (ValueError, IndexError, TypeError, KeyError):
+            corrupt += 1
+            continue
+        records += 1
+        failed += math.isinf(seconds)
+        best[key] = min(best.get(key, math.inf), seconds)
+    finite = sorted(s for s in best.values() if math.isfinite(s))
+    return {
+        "workloads": len(set(workload_hash.values())),
+        "records": records,
+        "failed_records": failed,
+        "corrupt_lines": corrupt,
+        "tuned_workloads": len(best),
+        "best_seconds": {
+            "min": finite[0] if finite else None,
+            "median": statistics.median(finite) if finite else None,
+            "max": finite[-1] if finite else None,
+            "total": sum(finite),
+        },
+    }

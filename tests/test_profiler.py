@@ -1,0 +1,160 @@
+"""The profiler: real (tiny) tuning, reuse, broken kernels, time budget, RPC on loopback."""
+
+import logging
+import math
+import time
+
+import pytest
+import tvm
+import tvm_ffi
+from tvm import relax
+from tvm.s_tir import meta_schedule as ms
+from tvm.script import tirx as T
+
+from korch_tvm.profiler import KernelCost, profile_kernels, rpc_runner
+from korch_tvm.target import parse_target
+from korch_tvm.tuning_log import TuningLog
+
+TARGET = parse_target({"kind": "llvm", "num-cores": 2})
+
+
+def legalized_kernels(size: int = 32) -> dict[str, tvm.IRModule]:
+    """matmul and add of `size`x`size` matrices, each a standalone `main` PrimFunc."""
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((size, size), "float32"))
+    w = relax.Var("w", relax.TensorType((size, size), "float32"))
+    with bb.function("main", [x, w]):
+        with bb.dataflow():
+            m = bb.emit(relax.op.matmul(x, w))
+            out = bb.emit_output(bb.emit(relax.op.add(m, w)))
+        bb.emit_func_output(out)
+    mod = relax.transform.LegalizeOps()(bb.get())
+    return {gv.name_hint: tvm.IRModule({"main": f.with_attr("global_symbol", "main")})
+            for gv, f in mod.functions_items() if isinstance(f, tvm.tirx.PrimFunc)}
+
+
+@T.prim_func(s_tir=True)
+def _calls_missing_symbol(A: T.Buffer((16,), "float32"), B: T.Buffer((16,), "float32")):
+    for i in range(16):
+        with T.sblock("B"):
+            vi = T.axis.spatial(16, i)
+            B[vi] = T.call_extern("float32", "korch_no_such_symbol", A[vi])
+
+
+BROKEN = tvm.IRModule({"main": _calls_missing_symbol.with_attr("global_symbol", "main")})
+
+
+def test_tiny_tuning_then_rerun_does_zero_trials(tmp_path, capfd, caplog):
+    kernels = legalized_kernels()
+    log = TuningLog(tmp_path, TARGET)
+    start = time.perf_counter()
+    with caplog.at_level(logging.INFO, logger="korch_tvm.metaschedule"):
+        costs = profile_kernels(kernels, TARGET, log, trials=8, progress=False)
+    first_run = time.perf_counter() - start
+    assert set(costs) == {"matmul", "add"}
+    for cost in costs.values():
+        assert cost.source == "tuned" and 0 < cost.seconds < 1e-2
+        assert 2 <= cost.trials <= 1 + 4 + 2  # default run + its fair share (a batch may overshoot)
+        assert cost.seconds == log.best_seconds(kernels[next(k for k in costs if costs[k] is cost)])
+    # MetaSchedule's chatter went to the korch_tvm.metaschedule logger, not to the terminal
+    assert any(r.name == "korch_tvm.metaschedule" for r in caplog.records)
+    captured = capfd.readouterr()
+    assert "TaskScheduler" not in captured.out + captured.err
+    assert "Sending" not in captured.out + captured.err
+
+    start = time.perf_counter()
+    again = profile_kernels(kernels, TARGET, TuningLog(tmp_path, TARGET), trials=8, progress=False)
+    assert all(c.source == "log" and c.trials == 0 for c in again.values())
+    assert {n: c.seconds for n, c in again.items()} == {n: c.seconds for n, c in costs.items()}
+    assert time.perf_counter() - start < min(2.0, first_run / 3)
+    print(f"tuning: {sum(c.trials for c in costs.values())} trials in {first_run:.1f}s")
+
+
+def test_broken_kernel_costs_infinity_and_never_crashes(tmp_path, caplog):
+    kernels = {"broken": BROKEN, "add": legalized_kernels(16)["add"]}
+    log = TuningLog(tmp_path, TARGET)
+    with caplog.at_level(logging.WARNING, logger="korch_tvm.profiler"):
+        costs = profile_kernels(kernels, TARGET, log, trials=0, progress=False)
+    assert costs["broken"].source == "failed" and math.isinf(costs["broken"].seconds)
+    assert "run failed" in costs["broken"].error
+    assert any("broken" in r.getMessage() for r in caplog.records)
+    assert costs["add"].source == "measured" and math.isfinite(costs["add"].seconds)
+    # the failure is remembered: a second run, even one asked to tune, does no work for it
+    again = profile_kernels(kernels, TARGET, TuningLog(tmp_path, TARGET), trials=4, progress=False)
+    assert again["broken"] == KernelCost(math.inf, "log", 0, "every logged measurement failed")
+
+
+def test_zero_trials_measures_default_schedule_once(tmp_path, capsys):
+    kernels = legalized_kernels(16)
+    kernels["add_again"] = kernels["add"]  # structurally identical: measured once, shared
+    log = TuningLog(tmp_path, TARGET)
+    costs = profile_kernels(kernels, TARGET, log, trials=0, progress=True)
+    assert [c.source for c in costs.values()] == ["measured"] * 3
+    assert all(c.trials == 1 and 0 < c.seconds < 1e-2 for c in costs.values())
+    assert costs["add_again"] is costs["add"]
+    assert "kernels 2/2" in capsys.readouterr().err
+    # recorded as tuning records stock MetaSchedule can use
+    stock = ms.database.JSONDatabase(work_dir=log.directory)
+    assert len(stock.get_all_tuning_records()) == 2
+    record = stock.query_tuning_record(kernels["matmul"], TARGET, "main")
+    assert float(record.run_secs[0]) == pytest.approx(costs["matmul"].seconds, rel=1e-5)
+    again = profile_kernels(kernels, TARGET, TuningLog(tmp_path, TARGET), trials=0, progress=False)
+    assert all(c.source == "log" and c.trials == 0 for c in again.values())
+
+
+def test_exhausted_time_budget_gives_predictions(tmp_path):
+    kernels = legalized_kernels(16)
+    log = TuningLog(tmp_path, TARGET)
+    log.commit_run(kernels["add"], [3e-6])  # already known: still served from the log
+    fixed = {"matmul": 4.5e-5}
+
+    def stand_in(kernel_mod):
+        assert tvm_ffi.structural_equal(kernel_mod, kernels["matmul"])
+        return fixed["matmul"]
+
+    costs = profile_kernels(kernels, TARGET, log, trials=100, time_budget=0.0,
+                            predictor=stand_in, progress=False)
+    assert costs["matmul"] == KernelCost(4.5e-5, "predicted", 0)
+    assert costs["add"] == KernelCost(pytest.approx(3e-6), "log", 0)
+    assert not log.has_record(kernels["matmul"])  # predictions never enter the log
+    # without a trained model the default predictor is the analytic roofline
+    default = profile_kernels(kernels, TARGET, log, trials=0, time_budget=0.0, progress=False)
+    assert default["matmul"].source == "predicted" and 1e-7 < default["matmul"].seconds < 1e-3
+
+
+@pytest.fixture
+def rpc_tracker_with_two_servers():
+    from tvm import rpc
+    from tvm.rpc.server import Server
+    from tvm.rpc.tracker import Tracker
+
+    tracker = Tracker(host="127.0.0.1", port=19190, port_end=19290, silent=True)
+    servers = [Server(host="127.0.0.1", port=19300, port_end=19400, key="korch-test",
+                      tracker_addr=("127.0.0.1", tracker.port), silent=True) for _ in range(2)]
+    session = rpc.connect_tracker("127.0.0.1", tracker.port)
+    for _ in range(100):  # wait until both servers registered
+        summary = session.summary()
+        if sum(q.get("free", 0) for k, q in summary["queue_info"].items() if k == "korch-test") >= 2:
+            break
+        time.sleep(0.1)
+    yield tracker
+    for server in servers:
+        server.terminate()
+    tracker.terminate()
+
+
+def test_rpc_loopback_matches_local_runner(tmp_path, rpc_tracker_with_two_servers):
+    tracker = rpc_tracker_with_two_servers
+    kernels = {"matmul": legalized_kernels(16)["matmul"]}  # one kernel keeps this test short
+    local_log = TuningLog(tmp_path / "local", TARGET)
+    local = profile_kernels(kernels, TARGET, local_log, trials=0, progress=False)
+    remote_log = TuningLog(tmp_path / "rpc", TARGET)
+    runner = rpc_runner("127.0.0.1", tracker.port, "korch-test", max_workers=2)
+    remote = profile_kernels(kernels, TARGET, remote_log, trials=4, runner=runner, progress=False)
+    assert all(c.source == "tuned" and math.isfinite(c.seconds) for c in remote.values())
+    assert all(remote_log.record_count(kernels[name]) >= 2 for name in kernels)
+    # the same workloads were recorded, and the times agree to within machine noise
+    assert {k.kernel.script() for k in remote_log.kernels()} == \
+        {k.kernel.script() for k in local_log.kernels()}
+    for name in kernels:
+        assert 0.05 < remote[name].seconds / local[name].seconds < 5

@@ -1,0 +1,175 @@
+"""The tuning log: reuse, corrupt lines, concurrent writers, and stock MetaSchedule compatibility."""
+
+import errno
+import logging
+import math
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import tvm
+from tvm import relax
+from tvm.s_tir import meta_schedule as ms
+
+from korch_tvm.target import parse_target, target_tag
+from korch_tvm.tuning_log import RECORD_FILE, WORKLOAD_FILE, TuningLog, log_stats
+
+TARGET = parse_target({"kind": "llvm", "mcpu": "generic", "num-cores": 2})
+
+
+def small_kernels(sizes=(16, 32, 48)) -> dict[str, tvm.IRModule]:
+    """One standalone `main` PrimFunc per (op, size): the unit the profiler tunes."""
+    kernels = {}
+    for size in sizes:
+        bb = relax.BlockBuilder()
+        x = relax.Var("x", relax.TensorType((size, size), "float32"))
+        with bb.function("main", [x]):
+            with bb.dataflow():
+                e = bb.emit(relax.op.exp(x))
+                s = bb.emit(relax.op.sum(e, axis=[1]))
+                out = bb.emit_output(s)
+            bb.emit_func_output(out)
+        mod = relax.transform.LegalizeOps()(bb.get())
+        for gv, func in mod.functions_items():
+            if isinstance(func, tvm.tirx.PrimFunc):
+                kernels[f"{gv.name_hint}_{size}"] = tvm.IRModule(
+                    {"main": func.with_attr("global_symbol", "main")}
+                )
+    return kernels
+
+
+def test_records_survive_reopen_and_stock_database_reads_them(tmp_path):
+    kernels = small_kernels()
+    log = TuningLog(tmp_path, TARGET)
+    assert log.directory == os.path.join(tmp_path, target_tag(TARGET))
+    for i, (name, mod) in enumerate(kernels.items()):
+        assert not log.has_record(mod) and log.best_seconds(mod) is None
+        log.commit_run(mod, [1e-5 * (i + 1), 3e-5 * (i + 1)])
+        log.commit_run(mod, [1e-6 * (i + 1)])
+    log.commit_run(kernels["sum_16"], None)  # a failure does not hide the good records
+
+    again = TuningLog(tmp_path, TARGET)
+    for i, mod in enumerate(kernels.values()):
+        assert again.record_count(mod) == (3 if mod is kernels["sum_16"] else 2)
+        assert again.best_seconds(mod) == pytest.approx(1e-6 * (i + 1), rel=1e-5)
+    assert len(again.kernels()) == 6
+
+    stock = ms.database.JSONDatabase(work_dir=again.directory)
+    assert len(stock.get_all_tuning_records()) == 13
+    position = list(kernels).index("sum_32")
+    best = stock.query_tuning_record(kernels["sum_32"], TARGET, "main")
+    assert float(best.run_secs[0]) == pytest.approx(1e-6 * (position + 1), rel=1e-5)
+    # ... and the MetaSchedule database view answers the same way
+    assert again.best_record(kernels["sum_32"]) is not None
+    assert len(again.database) == 13
+
+    stats = log_stats(tmp_path)[target_tag(TARGET)]
+    assert stats["workloads"] == 6 and stats["records"] == 13 and stats["failed_records"] == 1
+    assert stats["best_seconds"]["min"] == pytest.approx(1e-6, rel=1e-5)
+
+
+def test_failed_only_kernel_costs_infinity(tmp_path):
+    mod = small_kernels((16,))["sum_16"]
+    log = TuningLog(tmp_path, TARGET)
+    log.commit_run(mod, None)
+    assert log.has_record(mod) and math.isinf(TuningLog(tmp_path, TARGET).best_seconds(mod))
+
+
+def test_corrupt_lines_are_set_aside_and_good_records_kept(tmp_path, caplog):
+    kernels = small_kernels()
+    log = TuningLog(tmp_path, TARGET)
+    for i, mod in enumerate(kernels.values()):
+        log.commit_run(mod, [1e-5 * (i + 1)])
+    workload_path = os.path.join(log.directory, WORKLOAD_FILE)
+    record_path = os.path.join(log.directory, RECORD_FILE)
+    workload_lines = open(workload_path, "rb").read().splitlines()
+    record_lines = open(record_path, "rb").read().splitlines()
+    # garble workload line 2 (in the middle: its records must go, the others keep numbering),
+    # add garbage to the records, and truncate the last record mid-line as a crash would
+    workload_lines[1] = b'["123","not base64 at all"]'
+    open(workload_path, "wb").write(b"\n".join(workload_lines) + b"\n")
+    damaged = record_lines[:-1] + [b"{oops", record_lines[-1][: len(record_lines[-1]) // 2]]
+    open(record_path, "wb").write(b"\n".join(damaged))
+
+    with caplog.at_level(logging.WARNING, logger="korch_tvm.tuning_log"):
+        reopened = TuningLog(tmp_path, TARGET)
+    assert sum("corrupt" in r.message for r in caplog.records) == 4  # 1 workload + 3 records
+    names = list(kernels)
+    for i, name in enumerate(names):
+        expected = None if i in (1, len(names) - 1) else pytest.approx(1e-5 * (i + 1), rel=1e-5)
+        assert reopened.best_seconds(kernels[name]) == expected, name
+    # the bad bytes are kept aside, verbatim
+    corrupt_records = open(record_path + ".corrupt", "rb").read().splitlines()
+    assert b"{oops" in corrupt_records and len(corrupt_records) == 3
+    assert b"not base64" in open(workload_path + ".corrupt", "rb").read()
+    # the cleaned directory is valid for stock MetaSchedule and for new appends
+    reopened.commit_run(kernels[names[1]], [7e-6])
+    stock = ms.database.JSONDatabase(work_dir=reopened.directory)
+    assert len(stock.get_all_tuning_records()) == len(names) - 2 + 1
+    assert TuningLog(tmp_path, TARGET).best_seconds(kernels[names[1]]) == pytest.approx(7e-6)
+
+
+_WRITER = textwrap.dedent(
+    """
+    import os, sys, time
+    sys.path.insert(0, {tests!r})
+    from test_tuning_log import small_kernels, TARGET
+    from korch_tvm.tuning_log import TuningLog
+    kernels = list(small_kernels((16, 32)).values())
+    log = TuningLog({root!r}, TARGET)
+    open({ready!r} + str(os.getpid()), "w").close()
+    while not os.path.exists({go!r}):
+        time.sleep(0.01)
+    writer = int(sys.argv[1])
+    for i in range(30):
+        log.commit_run(kernels[i % len(kernels)], [1e-6 * (1 + writer) * (1 + i)])
+    """
+)
+
+
+def test_two_processes_write_one_log(tmp_path):
+    root, go = str(tmp_path / "logs"), str(tmp_path / "go")
+    script = _WRITER.format(tests=os.path.dirname(__file__), root=root,
+                            ready=str(tmp_path / "ready"), go=go)
+    env = {**os.environ, "TVM_NUM_THREADS": "1"}
+    writers = [subprocess.Popen([sys.executable, "-c", script, str(w)], env=env) for w in (0, 1)]
+    while len([p for p in os.listdir(tmp_path) if p.startswith("ready")]) < 2:
+        assert all(w.poll() is None for w in writers), "a writer died before starting"
+    open(go, "w").close()
+    assert [w.wait(timeout=120) for w in writers] == [0, 0]
+
+    log = TuningLog(root, TARGET)
+    kernels = list(small_kernels((16, 32)).values())
+    assert sum(log.record_count(k) for k in kernels) == 60
+    for i, kernel in enumerate(kernels):  # writer 0's first record of kernel i is the fastest
+        assert log.best_seconds(kernel) == pytest.approx(1e-6 * (1 + i), rel=1e-5)
+    stock = ms.database.JSONDatabase(work_dir=log.directory)
+    assert len(stock.get_all_tuning_records()) == 60
+    assert not os.path.exists(os.path.join(log.directory, RECORD_FILE + ".corrupt"))
+
+
+def test_read_only_directory_falls_back_to_memory(tmp_path, caplog, monkeypatch):
+    mod = small_kernels((16,))["sum_16"]
+    TuningLog(tmp_path, TARGET).commit_run(mod, [2e-6])
+    directory = os.path.join(tmp_path, target_tag(TARGET))
+    os.chmod(directory, 0o555)
+    for name in os.listdir(directory):
+        os.chmod(os.path.join(directory, name), 0o444)
+    try:
+        with caplog.at_level(logging.WARNING, logger="korch_tvm.tuning_log"):
+            with monkeypatch.context() as patch:
+                if os.geteuid() == 0:  # root ignores permissions: make the check fail as EROFS
+                    def refuse(*args, **kwargs):
+                        raise OSError(errno.EROFS, "Read-only file system")
+                    patch.setattr(os, "makedirs", refuse)
+                log = TuningLog(tmp_path, TARGET)
+        assert not log.writable and any("read-only" in r.message for r in caplog.records)
+        assert log.best_seconds(mod) == pytest.approx(2e-6)
+        other = small_kernels((32,))["sum_32"]
+        log.commit_run(other, [3e-6])  # kept in memory, not written
+        assert log.best_seconds(other) == pytest.approx(3e-6)
+        assert TuningLog(tmp_path, TARGET).best_seconds(other) is None
+    finally:
+        os.chmod(directory, 0o755)
