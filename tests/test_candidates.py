@@ -50,7 +50,11 @@ def convex_by_paths(graph, nodes) -> bool:
 def obeys(graph, nodes, rules) -> bool:
     kinds = [graph.nodes[i].kind for i in nodes]
     return (len(nodes) <= rules.max_kernel_size and kinds.count("linear") <= rules.max_linear
-            and ("opaque" not in kinds or len(nodes) == 1))
+            and ("opaque" not in kinds or len(nodes) == 1)
+            and (rules.linear_with_reduce or not ("linear" in kinds and "reduce" in kinds))
+            and (rules.linear_prologue or not any(
+                graph.nodes[i].kind == "linear" and graph.ancestors[i] & graph.mask(nodes)
+                for i in nodes)))
 
 
 def brute_force(graph, rules, subset=None):

@@ -211,12 +211,45 @@ class CostModel:
                    use_best_schedule=meta["use_best_schedule"])
 
 
+MODEL_FILE = "cost_model.json"
+
+
+def model_path(tuning_log) -> str:
+    """Where a log directory keeps its trained cost model."""
+    return os.path.join(tuning_log.directory, MODEL_FILE)
+
+
 def default_predictor(tuning_log, target) -> Callable[[tvm.IRModule], float]:
-    """A model trained on the log when it holds enough kernels, else the analytic estimate."""
-    measured = [k for k in tuning_log.kernels() if math.isfinite(k.best_seconds)]
-    if len(measured) >= MIN_TRAINING_KERNELS:
-        return CostModel.from_tuning_log(tuning_log).predict
+    """The log's saved cost model when it has one, else the analytic estimate.
+
+    The model is never retrained during a compile: pruning decisions depend on its predictions,
+    and a model that changed with every compile would change which kernels survive, so a second
+    compile of the same model would have new kernels to measure. Retrain explicitly with
+    `train_log_model` (`korch-tvm logs DIR --train`).
+    """
+    path = model_path(tuning_log)
+    if os.path.exists(path):
+        return CostModel.load(path).predict
     return lambda kernel_mod: analytic_estimate(kernel_mod, target)
+
+
+def train_log_model(tuning_log, **kwargs) -> tuple[CostModel, dict]:
+    """Train on every measured kernel of the log, save it beside the log; returns (model, stats).
+
+    The stats are the model's Spearman rank correlation and median relative error on a held-out
+    third of the kernels (the saved model is then trained on all of them).
+    """
+    samples = [CostSample(k.kernel, k.best_seconds) for k in tuning_log.kernels()
+               if math.isfinite(k.best_seconds)]
+    if len(samples) < MIN_TRAINING_KERNELS:
+        raise KorchError(f"the log holds {len(samples)} measured kernels; at least "
+                         f"{MIN_TRAINING_KERNELS} are needed to train a cost model")
+    held_out = samples[::3]
+    training = [s for i, s in enumerate(samples) if i % 3]
+    stats = evaluate(CostModel.train(training, tuning_log.target, **kwargs), held_out)
+    model = CostModel.train(samples, tuning_log.target, **kwargs)
+    model.save(model_path(tuning_log))
+    return model, stats
 
 
 def evaluate(model, samples: Sequence[CostSample]) -> dict[str, float]:

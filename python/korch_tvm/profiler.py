@@ -5,9 +5,10 @@ The stage, per distinct kernel module, in order:
 2. otherwise its default (unscheduled) schedule is built and run once and the result recorded:
    this finds kernels that cannot build or run (cost inf, never a crash) and gives every kernel a
    finite fallback before any tuning starts;
-3. with `trials > 0`, MetaSchedule tunes the survivors (one TuneContext each, a fair share of the
-   trials, at least MIN_TRIALS_PER_TASK); every trial lands in the log through its database;
-4. whatever `time_budget` left without a measurement gets a cost-model prediction.
+3. whatever `time_budget` left without a measurement gets a cost-model prediction;
+4. with `trials > 0`, the budget is split where the time goes (`allocate_trials`) and
+   MetaSchedule tunes each kernel up to its share; every trial lands in the log through its
+   database, and a kernel already tuned that far is not tuned again.
 """
 
 from __future__ import annotations
@@ -91,7 +92,9 @@ def metaschedule_logs_routed() -> None:
 
     class Forward(logging.Handler):
         def emit(self, record: logging.LogRecord) -> None:
-            metaschedule_logger.handle(record)
+            # Logger.handle() skips the level check that Logger.log() does, so do it here.
+            if metaschedule_logger.isEnabledFor(record.levelno):
+                metaschedule_logger.handle(record)
 
     handler, propagate, level = Forward(), source.propagate, source.level
     source.addHandler(handler)
@@ -144,15 +147,118 @@ def profile_kernels(
 ) -> dict[str, KernelCost]:
     """Cost each kernel (`{"main": PrimFunc}` modules); see the module docstring for the order.
 
-    `trials` is the total tuning budget shared fairly by the kernels that need tuning;
-    `time_budget` (seconds) bounds the whole stage; `weights` (how often each kernel runs in the
-    model) rank kernels for the time budget and steer the task scheduler; `runner`/`builder`
-    default to this machine; `predictor` defaults to a cost model trained on the log.
+    `trials` is the total tuning budget, split by `allocate_trials` in proportion to each
+    kernel's share of the model's latency (`weights`: how often it runs, times its
+    default-schedule time); `time_budget` (seconds) bounds the whole stage; `runner`/`builder`
+    default to this machine; `predictor` defaults to the log's cost model.
+    """
+    started = time.perf_counter()
+    costs = measure_kernels(kernels, target, tuning_log, time_budget=time_budget, runner=runner,
+                            builder=builder, predictor=predictor, progress=progress)
+    if trials <= 0:
+        return costs
+    weights = dict(weights or {})
+    shares = {}
+    for name, cost in costs.items():
+        default = tuning_log.default_seconds(kernels[name]) if cost.source != "predicted" else None
+        if default is not None and math.isfinite(default):
+            shares[name] = weights.get(name, 1.0) * default
+    allocation = allocate_trials(shares, trials)
+    remaining = None if time_budget is None else time_budget - (time.perf_counter() - started)
+    tuned = tune_kernels(kernels, allocation, target, tuning_log, time_budget=remaining,
+                         runner=runner, builder=builder, progress=progress, seed=seed)
+    return {**costs, **tuned}
+
+
+def allocate_trials(shares: Mapping[str, float], budget: int,
+                    minimum: int = MIN_TRIALS_PER_TASK) -> dict[str, int]:
+    """Split `budget` trials in proportion to each kernel's share of the latency.
+
+    Shares are rounded down to multiples of `minimum`; a kernel whose share is worth fewer than
+    `minimum` trials gets none at first (a few random trials rarely beat the default schedule),
+    then what is left goes `minimum` at a time to the next kernels by share. Never more than
+    `budget` in total; deterministic (ties broken by name).
+    """
+    usable = {name: share for name, share in shares.items()
+              if math.isfinite(share) and share > 0}
+    allocation = {name: 0 for name in shares}
+    total = sum(usable.values())
+    if budget < minimum or total <= 0:
+        return allocation
+    ranked = sorted(usable, key=lambda name: (-usable[name], name))
+    for name in ranked:
+        allocation[name] = int(budget * usable[name] / total) // minimum * minimum
+    left = budget - sum(allocation.values())
+    for name in ranked:
+        if left < minimum:
+            break
+        if allocation[name] == 0:
+            allocation[name] = minimum
+            left -= minimum
+    return allocation
+
+
+def tuned_trials(tuning_log: TuningLog, kernel_mod: tvm.IRModule) -> int:
+    """Trials already spent on a kernel: its records beyond the default-schedule measurement."""
+    return max(0, tuning_log.record_count(kernel_mod) - 1)
+
+
+def tune_kernels(
+    kernels: Mapping[str, tvm.IRModule],
+    allocation: Mapping[str, int],
+    target,
+    tuning_log: TuningLog,
+    *,
+    time_budget: float | None = None,
+    runner=None,
+    builder=None,
+    progress: bool | None = None,
+    seed: int = 0,
+) -> dict[str, KernelCost]:
+    """Tune each kernel up to its allocated trials; kernels already tuned that far are skipped.
+
+    A kernel counts as done once it holds at least half its allocation in tuning records, so a
+    second compile with the same budget runs zero trials, and a much larger budget tunes more.
+    Returns costs for the kernels that were tuned now.
     """
     target = parse_target(target)
     prepare_for_target(target)
     deadline = math.inf if time_budget is None else time.perf_counter() + max(0.0, time_budget)
-    weights = dict(weights or {})
+    todo: dict[int, list[str]] = {}
+    for name in _distinct({n: kernels[n] for n in allocation if allocation[n] > 0}):
+        spent = tuned_trials(tuning_log, kernels[name])
+        if spent * 2 < allocation[name]:
+            more = -(-(allocation[name] - spent) // MIN_TRIALS_PER_TASK) * MIN_TRIALS_PER_TASK
+            todo.setdefault(more, []).append(name)
+    if not todo:
+        return {}
+    runner = runner or local_runner(target)
+    builder = builder or local_builder(target, max_workers=max(1, host_core_count()))
+    bar = _Progress(sum(len(names) for names in todo.values()), progress)
+    costs: dict[str, KernelCost] = {}
+    with metaschedule_logs_routed():
+        for per_task, names in sorted(todo.items(), reverse=True):
+            costs.update(_tune(names, kernels, target, tuning_log, builder, runner, per_task,
+                               deadline, bar, seed))
+    bar.close()
+    return costs
+
+
+def measure_kernels(
+    kernels: Mapping[str, tvm.IRModule],
+    target,
+    tuning_log: TuningLog,
+    *,
+    time_budget: float | None = None,
+    runner=None,
+    builder=None,
+    predictor: Predictor | None = None,
+    progress: bool | None = None,
+) -> dict[str, KernelCost]:
+    """Log lookup, else one default-schedule measurement (recorded), else a prediction."""
+    target = parse_target(target)
+    prepare_for_target(target)
+    deadline = math.inf if time_budget is None else time.perf_counter() + max(0.0, time_budget)
     distinct = _distinct(kernels)  # representative name -> names sharing its module
     costs: dict[str, KernelCost] = {}
     pending = []
@@ -163,20 +269,14 @@ def profile_kernels(
         else:
             error = None if math.isfinite(best) else "every logged measurement failed"
             costs[name] = KernelCost(best, "log", 0, error)
-    pending.sort(key=lambda name: -sum(weights.get(n, 1.0) for n in distinct[name]))
     bar = _Progress(len(distinct), progress)
     bar.update(done=len(costs), stage="log")
     if pending and time.perf_counter() < deadline:  # their worker pools take seconds to start
         runner = runner or local_runner(target)
         builder = builder or local_builder(target, max_workers=max(1, host_core_count()))
-    with metaschedule_logs_routed():
-        measured = _measure_defaults(pending, kernels, target, tuning_log, builder, runner,
-                                     deadline, bar, final=trials <= 0)
-        costs.update(measured)
-        if trials > 0:
-            tunable = [n for n in pending if n in measured and measured[n].source != "failed"]
-            costs.update(_tune(tunable, kernels, target, tuning_log, builder, runner, trials,
-                               weights, deadline, bar, seed))
+        with metaschedule_logs_routed():
+            costs.update(_measure_defaults(pending, kernels, target, tuning_log, builder, runner,
+                                           deadline, bar))
     leftovers = [name for name in pending if name not in costs]
     if leftovers:
         predict = predictor or _default_predictor(tuning_log, target)
@@ -206,7 +306,7 @@ def _device_type(target) -> str:
     return "cuda" if target.kind.name == "cuda" else "cpu"
 
 
-def _measure_defaults(names, kernels, target, tuning_log, builder, runner, deadline, bar, final):
+def _measure_defaults(names, kernels, target, tuning_log, builder, runner, deadline, bar):
     """Build and run each kernel's default schedule once; record every outcome in the log."""
     from tvm.s_tir import meta_schedule as ms
 
@@ -244,14 +344,12 @@ def _measure_defaults(names, kernels, target, tuning_log, builder, runner, deadl
                 costs[name] = KernelCost(math.inf, "failed", 1, error)
             else:
                 costs[name] = KernelCost(sum(run_secs) / len(run_secs), "measured", 1)
-        bar.update(done=len(chunk) if final else 0, trials=len(chunk), stage="measure")
+        bar.update(done=len(chunk), stage="measure")
     return costs
 
 
-def _tune(names, kernels, target, tuning_log, builder, runner, trials, weights, deadline, bar,
-          seed):
-    """MetaSchedule tuning, one TuneContext per kernel, in groups that the deadline can stop."""
-    per_task = max(MIN_TRIALS_PER_TASK, trials // max(1, len(names)))
+def _tune(names, kernels, target, tuning_log, builder, runner, per_task, deadline, bar, seed):
+    """MetaSchedule tuning, `per_task` trials each, in groups that the deadline can stop."""
     group = len(names) if math.isinf(deadline) else TUNE_GROUP
     seconds_per_trial = INITIAL_SECONDS_PER_TRIAL
     costs = {}
@@ -263,18 +361,18 @@ def _tune(names, kernels, target, tuning_log, builder, runner, trials, weights, 
         before = {n: tuning_log.record_count(kernels[n]) for n in chunk}
         began = time.perf_counter()
         errors = _tune_group(chunk, kernels, target, tuning_log, builder, runner, per_task,
-                             weights, seed + start)
+                             seed + start)
         done = {n: tuning_log.record_count(kernels[n]) - before[n] for n in chunk}
         if sum(done.values()):
             seconds_per_trial = (time.perf_counter() - began) / sum(done.values())
         for name in chunk:
             best = tuning_log.best_seconds(kernels[name])
-            costs[name] = KernelCost(best, "tuned", 1 + done[name], errors.get(name))
+            costs[name] = KernelCost(best, "tuned", done[name], errors.get(name))
         bar.update(done=len(chunk), trials=sum(done.values()), stage="tune")
     return costs
 
 
-def _tune_group(names, kernels, target, tuning_log, builder, runner, per_task, weights, seed):
+def _tune_group(names, kernels, target, tuning_log, builder, runner, per_task, seed):
     """Run tune_tasks on `names`; if MetaSchedule raises, retry the kernels one by one."""
     from tvm.s_tir import meta_schedule as ms
 
@@ -287,7 +385,7 @@ def _tune_group(names, kernels, target, tuning_log, builder, runner, per_task, w
         ]
         with tempfile.TemporaryDirectory(prefix="korch-tune-") as work_dir:
             ms.tune_tasks(
-                tasks=contexts, task_weights=[float(weights.get(n, 1.0)) for n in batch],
+                tasks=contexts, task_weights=[1.0] * len(batch),
                 work_dir=work_dir, max_trials_global=per_task * len(batch),
                 max_trials_per_task=per_task, num_trials_per_iter=min(per_task, 32),
                 builder=builder, runner=runner, database=tuning_log.database,
@@ -306,7 +404,7 @@ def _tune_group(names, kernels, target, tuning_log, builder, runner, per_task, w
     errors = {}
     for name in names:
         errors.update(_tune_group([name], kernels, target, tuning_log, builder, runner, per_task,
-                                  weights, seed))
+                                  seed))
     return errors
 
 

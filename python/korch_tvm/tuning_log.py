@@ -165,6 +165,17 @@ class TuningLog:
         runs = [] if line is None else self._table.records.get(line, [])
         return min(seconds for seconds, _ in runs) if runs else None
 
+    def default_seconds(self, kernel_mod: tvm.IRModule) -> float | None:
+        """Time of the kernel's first record: its default-schedule measurement.
+
+        The profiler measures every kernel's default schedule before any tuning, so the first
+        record never changes once written; budgets split by it stay the same on every re-run.
+        """
+        self.refresh()
+        line = self._table.find(kernel_mod)
+        runs = [] if line is None else self._table.records.get(line, [])
+        return runs[0][0] if runs else None
+
     def best_record(self, kernel_mod: tvm.IRModule) -> TuningRecord | None:
         """The fastest successful record (its trace rebuilds the tuned schedule)."""
         self.refresh()

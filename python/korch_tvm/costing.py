@@ -1,0 +1,106 @@
+"""Glue between the compile paths and the profiler: open the log, cost kernels, summarise.
+
+Both the stock and the Korch path cost their kernels here, through the same tuning log and the
+same trial budget, which is what makes their comparison fair.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+import tvm
+
+from .config import KorchConfig
+from .kernels import structural_key
+from .profiler import (KernelCost, allocate_trials, measure_kernels, profile_kernels,
+                       rpc_runner, tune_kernels)
+from .tuning_log import TuningLog
+
+
+@dataclass(frozen=True)
+class Costing:
+    costs: dict[str, KernelCost]  # name -> cost, for every kernel passed in
+    summary: dict  # JSON-friendly counts for the report
+    tuning_log: TuningLog
+
+
+def open_tuning_log(config: KorchConfig) -> TuningLog:
+    """The configured log, or a throw-away one when the user keeps no logs."""
+    root = config.tuning_logs or tempfile.mkdtemp(prefix="korch-tvm-log-")
+    return TuningLog(root, config.target)
+
+
+def configured_runner(config: KorchConfig):
+    """MetaSchedule's RPC runner when a tracker is configured, else None (local runner)."""
+    if not config.rpc_tracker:
+        return None
+    host, _, port = config.rpc_tracker.rpartition(":")
+    if not host or not port.isdigit() or not config.rpc_key:
+        from .errors import KorchError
+
+        raise KorchError("--rpc-tracker takes HOST:PORT and needs --rpc-key")
+    return rpc_runner(host, int(port), config.rpc_key)
+
+
+def cost_kernels(kernels: Mapping[str, tvm.IRModule], config: KorchConfig,
+                 weights: Mapping[str, float] | None = None,
+                 tuning_log: TuningLog | None = None) -> Costing:
+    """Cost every kernel (the profiler costs each distinct structure once)."""
+    tuning_log = tuning_log or open_tuning_log(config)
+    costs = profile_kernels(kernels, config.target, tuning_log, trials=config.trials,
+                            time_budget=config.time_budget, weights=weights,
+                            runner=configured_runner(config), progress=config.progress,
+                            seed=config.seed)
+    distinct = {structural_key(kernels[name]): costs[name] for name in kernels}
+    return Costing(costs, summarize(distinct.values()), tuning_log)
+
+
+def measure_costs(kernels: Mapping[str, tvm.IRModule], config: KorchConfig,
+                  tuning_log: TuningLog, predictor=None) -> dict[str, KernelCost]:
+    """Every kernel's best known cost: from the log, one default measurement, or a prediction."""
+    return measure_kernels(kernels, config.target, tuning_log, time_budget=config.time_budget,
+                           runner=configured_runner(config), predictor=predictor,
+                           progress=config.progress)
+
+
+def default_schedule_costs(kernels: Mapping[str, tvm.IRModule], costs: Mapping[str, KernelCost],
+                           tuning_log: TuningLog) -> dict[str, KernelCost]:
+    """Costs as they were before any tuning (each kernel's first, default-schedule record).
+
+    A plan chosen from these is the same on every compile, whatever was tuned since, so the
+    trial budget it steers is spent once and a re-run finds nothing left to tune.
+    """
+    result = {}
+    for name, cost in costs.items():
+        default = tuning_log.default_seconds(kernels[name]) if cost.source != "predicted" else None
+        result[name] = cost if default is None else KernelCost(default, "measured", 0, cost.error)
+    return result
+
+
+def tune_costs(kernels: Mapping[str, tvm.IRModule], shares: Mapping[str, float],
+               costs: Mapping[str, KernelCost], config: KorchConfig,
+               tuning_log: TuningLog) -> dict[str, KernelCost]:
+    """Spend `config.trials` on `kernels` by their latency `shares`; return the updated costs."""
+    allocation = allocate_trials(shares, config.trials)
+    tuned = tune_kernels(kernels, allocation, config.target, tuning_log,
+                         time_budget=config.time_budget, runner=configured_runner(config),
+                         progress=config.progress, seed=config.seed)
+    return {**costs, **tuned}
+
+
+def summarize(costs: Iterable[KernelCost]) -> dict:
+    """Counts by where each cost came from, and the trials that ran."""
+    costs = list(costs)
+    by_source = Counter(cost.source for cost in costs)
+    return {
+        "kernels": len(costs),
+        "from_log": by_source.get("log", 0),
+        "tuned": by_source.get("tuned", 0),
+        "measured": by_source.get("measured", 0),
+        "predicted": by_source.get("predicted", 0),
+        "failed": by_source.get("failed", 0),
+        "trials_run": sum(cost.trials for cost in costs if cost.source == "tuned"),
+    }

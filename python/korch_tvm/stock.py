@@ -1,0 +1,60 @@
+"""TVM's stock Relax path: LegalizeOps, FuseOps, FuseTIR, MetaSchedule tuning, apply the log.
+
+It is the baseline Korch is measured against, so it tunes through the same tuning log with the
+same trial budget as the Korch path.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import tvm
+from tvm import relax
+
+from .config import KorchConfig
+from .costing import cost_kernels
+from .kernels import kernel_module
+from .rewrite import apply_tuning_log
+
+CALL_TIR = tvm.ir.Op.get("relax.call_tir")
+
+
+def stock_fusion(mod: tvm.IRModule, target) -> tvm.IRModule:
+    """The fusion TVM's own pipeline performs (relax.get_pipeline("zero") without the tuning)."""
+    with target:
+        return tvm.transform.Sequential([
+            relax.transform.LegalizeOps(),
+            relax.transform.AnnotateTIROpPattern(),
+            relax.transform.FoldConstant(),
+            relax.transform.FuseOps(),
+            relax.transform.FuseTIR(),
+        ])(mod)
+
+
+def kernel_calls(mod: tvm.IRModule, func_name: str = "main") -> Counter:
+    """How often `main` calls each PrimFunc (by name): the weight of its cost in the model."""
+    calls = Counter()
+
+    def visit(expr):
+        if isinstance(expr, relax.Call) and expr.op.same_as(CALL_TIR):
+            calls[expr.args[0].name_hint] += 1
+
+    relax.analysis.post_order_visit(mod[func_name], visit)
+    return calls
+
+
+def run_stock(mod: tvm.IRModule, config: KorchConfig):
+    """Fuse, tune (within the budget, reusing the log) and apply schedules; returns (mod, report)."""
+    target = config.target
+    fused = stock_fusion(mod, target)
+    calls = kernel_calls(fused)
+    kernels = {name: kernel_module(fused[name]) for name in calls}
+    costing = cost_kernels(kernels, config, weights=dict(calls))
+    tuned = apply_tuning_log(fused, costing.tuning_log.database, target)
+    modelled = sum(costing.costs[name].seconds * count for name, count in calls.items())
+    report = {
+        "kernel_calls": sum(calls.values()),
+        "tuning": costing.summary,
+        "modelled_ms": modelled * 1e3,
+    }
+    return tuned, report
