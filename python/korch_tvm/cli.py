@@ -66,6 +66,20 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
     verbosity.add_argument("-q", "--quiet", action="store_true", help="only errors")
 
 
+# Sub-commands that live in their own module: each has `add_arguments(parser)` and
+# `run(args) -> int`, and imports TVM only inside `run` so that `--help` stays fast.
+_PLUGGED_COMMANDS = {
+    "explain": "show the Korch plan for a model without building it",
+    "bench": "compile stock TVM, Korch and ONNX Runtime and time them side by side",
+}
+
+
+def _plugged_module(name: str):
+    import importlib
+
+    return importlib.import_module(f".{name}", __package__)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="korch-tvm",
@@ -89,10 +103,18 @@ def build_parser() -> argparse.ArgumentParser:
     compile_parser.add_argument("--measure", action="store_true",
                                 help="also measure end-to-end latency of the result")
 
+    for name, help_text in _PLUGGED_COMMANDS.items():
+        command_parser = commands.add_parser(name, help=help_text)
+        _plugged_module(name).add_arguments(command_parser)
+
     logs_parser = commands.add_parser("logs", help="inspect a tuning-log directory")
     logs_parser.add_argument("directory", help="root of the tuning logs")
     logs_parser.add_argument("--stats", action="store_true",
                              help="print workloads and records per target (the default)")
+    logs_parser.add_argument("--train", action="store_true",
+                             help="(re)train the cost model of --target's log from its records "
+                                  "and save it beside them")
+    logs_parser.add_argument("--target", default="llvm", help="target whose log to train on")
     return parser
 
 
@@ -157,15 +179,26 @@ def _write_json(path: str, value: dict) -> None:
 
 
 def _command_logs(args) -> int:
-    from .tuning_log import log_stats
+    from .tuning_log import TuningLog, log_stats
 
     if not os.path.isdir(args.directory):
         raise KorchError(f"tuning-log directory '{args.directory}' does not exist")
+    if args.train:
+        from .cost_model import model_path, train_log_model
+
+        log = TuningLog(args.directory, args.target)
+        _, stats = train_log_model(log)
+        print(f"cost model saved to {model_path(log)}: held-out Spearman "
+              f"{stats['spearman']:.3f}, median relative error "
+              f"{stats['median_relative_error']:.2f} on {stats['count']} kernels")
+        return 0
     print(json.dumps(log_stats(args.directory), indent=2, sort_keys=True))
     return 0
 
 
-COMMANDS = {"compile": _command_compile, "logs": _command_logs}
+COMMANDS = {"compile": _command_compile, "logs": _command_logs,
+            **{name: (lambda args, name=name: _plugged_module(name).run(args))
+               for name in _PLUGGED_COMMANDS}}
 
 
 def main(argv=None) -> int:
