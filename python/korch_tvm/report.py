@@ -1,4 +1,4 @@
-"""The compile report as a short text summary (the JSON form is the report dict itself)."""
+"""Reports as text: the compile summary and `korch-tvm explain` (the JSON forms are the dicts)."""
 
 from __future__ import annotations
 
@@ -26,6 +26,8 @@ def summary_lines(report: dict) -> list[str]:
             f"candidates ({plan.get('pruned', 0)} pruned), {plan.get('recomputed_primitives', 0)}"
             f" primitives recomputed; modelled {plan.get('modelled_ms', 0):.3f} ms vs stock "
             f"{plan.get('stock_modelled_ms', 0):.3f} ms; solver {plan.get('solver_status')}")
+        if plan.get("opaque_ops"):
+            lines.append(f"  opaque ops kept as in the stock path: {', '.join(plan['opaque_ops'])}")
     elif report.get("modelled_ms") is not None:
         lines.append(f"  modelled latency (sum of kernel costs): {report['modelled_ms']:.3f} ms")
     latency = report.get("latency_ms")
@@ -33,10 +35,70 @@ def summary_lines(report: dict) -> list[str]:
         lines.append(f"  measured latency: median {latency['median']:.3f} ms "
                      f"(p10 {latency['p10']:.3f}, p90 {latency['p90']:.3f})")
     verification = report.get("verification")
-    if verification:
+    if verification and "skipped" in verification:
+        lines.append(f"  verification skipped: {verification['skipped']}")
+    elif verification:
         state = "ok" if verification["passed"] else "FAILED"
         lines.append(f"  verification vs {verification['reference']}: {state}, max relative "
                      f"error {verification['max_rel_error']:.2e}")
+    fallback = report.get("fallback")
+    if fallback:
+        lines.append(f"  FELL BACK to the stock plan: {fallback['reason']}")
     if report.get("output"):
         lines.append(f"  library: {report['output']}")
     return lines
+
+
+def explain_lines(explanation: dict) -> list[str]:
+    """`korch-tvm explain` as text: kernels, recomputation, the stock diff, the solver."""
+    lines = [f"plan for {explanation.get('model')} on {explanation.get('target_tag')} "
+             f"(costs {explanation.get('costing')}): {len(explanation['kernels'])} kernels from "
+             f"{explanation.get('candidates')} candidates ({explanation.get('pruned', 0)} pruned)",
+             f"  modelled {_ms(explanation.get('modelled_ms'))} vs stock FuseOps "
+             f"{_ms(explanation.get('stock_modelled_ms'))}", "", "kernels (execution order):"]
+    for kernel in explanation["kernels"]:
+        stock = ", a stock group" if kernel["stock_group"] else ""
+        lines.append(f"  {kernel['id']:>4}  {_ms(kernel['ms']):>12}  {kernel['cost_source']}"
+                     f"{stock}: primitives {_ids(kernel['primitives'])} = "
+                     f"{' + '.join(kernel['ops'])}")
+        if kernel.get("onnx_ops"):
+            lines.append(f"        from ONNX: {'; '.join(kernel['onnx_ops'])}")
+        if kernel.get("error"):
+            lines.append(f"        error: {kernel['error']}")
+    lines.append("")
+    if explanation["recomputed"]:
+        lines.append("recomputed primitives:")
+        lines += [f"  {item['primitive']} ({item['op']}) in {', '.join(item['kernels'])}"
+                  for item in explanation["recomputed"]]
+    else:
+        lines.append("recomputed primitives: none")
+    diff = explanation["stock_diff"]
+    lines += ["", f"vs stock FuseOps ({diff['stock_kernels']} kernels): {len(diff['same'])} "
+              f"kernels the same, {len(diff['merged'])} merging stock groups, "
+              f"{len(diff['part_of_stock'])} part of one, {len(diff['split'])} stock groups split"]
+    lines += [f"  {item['kernel']} merges {' | '.join(_ids(g) for g in item['stock_groups'])}"
+              for item in diff["merged"]]
+    lines += [f"  stock group {_ids(item['stock_group'])} split over {', '.join(item['kernels'])}"
+              for item in diff["split"]]
+    if explanation.get("opaque_ops"):
+        lines.append(f"opaque ops kept as in the stock path: {', '.join(explanation['opaque_ops'])}")
+    lines += ["", f"solver: {explanation['solver_status']}"]
+    for index, piece in enumerate(explanation["solver"]):
+        gap = "n/a (no bound yet)" if piece["gap"] is None else f"{piece['gap']:.2%}"
+        lines.append(f"  subproblem {index}: {piece['primitives']} primitives, "
+                     f"{piece['candidates']} candidates: {piece['status']}, gap {gap}, "
+                     f"{piece['seconds']:.2f} s")
+    if explanation.get("onnx_trace") is None:
+        lines.append("(ONNX operators not traced for this model)")
+    return lines
+
+
+def _ms(value) -> str:
+    return "n/a" if value is None else f"{value:.4f} ms"
+
+
+def _ids(ids) -> str:
+    ids = sorted(ids)
+    if ids and ids == list(range(ids[0], ids[-1] + 1)) and len(ids) > 2:
+        return f"{ids[0]}-{ids[-1]}"
+    return ",".join(map(str, ids))

@@ -7,7 +7,7 @@ implementation independent of TVM), else the unoptimised Relax module built with
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -110,3 +110,33 @@ def _output_error(got: np.ndarray, want: np.ndarray, index: int) -> tuple[float,
     abs_error = float(np.abs(got64[finite] - want64[finite]).max())
     scale = float(np.abs(want64[finite]).max())
     return abs_error, (abs_error / scale if scale > 0 else abs_error)
+
+
+def first_mismatching_kernel(build: Callable, chosen_groups: Sequence, num_primitives: int,
+                             inputs: Sequence[np.ndarray], expected: Sequence[np.ndarray],
+                             target, tolerance: float = DEFAULT_TOLERANCE) -> int | None:
+    """Index (execution order) of the first chosen kernel that makes the outputs go wrong.
+
+    Bisects over prefixes: `build(groups)` compiles the model from the first p chosen kernels
+    plus one kernel per primitive they do not cover, so O(log kernels) builds find the first p
+    at which the outputs stop matching. None when even p = 0 (no fusion at all) differs: then
+    the fault is before orchestration (fission, import). Assumes that a wrong kernel, once
+    included, keeps the outputs wrong (it feeds them, or it would not have been chosen).
+    """
+    def wrong(prefix: int) -> bool:
+        groups = [sorted(group) for group in chosen_groups[:prefix]]
+        covered = {node for group in groups for node in group}
+        groups += [[node] for node in range(num_primitives) if node not in covered]
+        actual = run_executable(build(groups), target, inputs)
+        return not compare(actual, expected, "", tolerance).passed
+
+    if wrong(0):
+        return None
+    good, bad = 0, len(chosen_groups)  # wrong(len) is what verification just saw
+    while bad - good > 1:
+        middle = (good + bad) // 2
+        if wrong(middle):
+            bad = middle
+        else:
+            good = middle
+    return bad - 1

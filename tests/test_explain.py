@@ -1,0 +1,136 @@
+"""korch-tvm explain: the plan without a build, ONNX tracing, the stock diff, and its drawings."""
+
+import json
+import os
+import pathlib
+import re
+import shutil
+import subprocess
+import tempfile
+
+import onnx
+import pytest
+
+from conftest import MODELS, make_tiny_onnx
+from korch_tvm import cli
+from korch_tvm.explain import explain_model, render, stock_difference
+
+BERT = MODELS / "bert_layer.onnx"
+
+
+@pytest.fixture(scope="module")
+def bert_explanation():
+    return explain_model(str(BERT), predict_only=True)
+
+
+def test_explain_builds_nothing_and_covers_the_model(tmp_path, monkeypatch, capsys):
+    import tvm
+
+    from korch_tvm import passes
+
+    def forbidden(*args, **kwargs):
+        raise AssertionError("explain must not rewrite or build")
+
+    monkeypatch.setattr(tvm, "compile", forbidden)
+    monkeypatch.setattr(passes, "rewrite_with_plan", forbidden)
+    path = tmp_path / "tiny.onnx"
+    onnx.save(make_tiny_onnx(), str(path))
+    assert cli.main(["explain", str(path), "--predict-only", "--format", "json", "-q"]) == 0
+    explanation = json.loads(capsys.readouterr().out)
+    covered = {node for kernel in explanation["kernels"] for node in kernel["primitives"]}
+    assert covered == {p["id"] for p in explanation["primitives"]}
+    assert all(k["cost_source"] == "predicted" and k["ms"] > 0 for k in explanation["kernels"])
+    assert explanation["solver_status"] == "optimal" and explanation["solver"][0]["gap"] == 0
+    assert explanation["modelled_ms"] <= explanation["stock_modelled_ms"] + 1e-12
+    onnx_ops = {label for k in explanation["kernels"] for label in k["onnx_ops"]}
+    assert onnx_ops == {"Softmax s", "MatMul mm", "Add a", "LayerNormalization y"}
+
+
+def test_text_form_names_kernels_diff_and_solver(bert_explanation):
+    text = render(bert_explanation, "text")
+    for piece in ["kernels (execution order):", "from ONNX: MatMul /layer/attention/self/query",
+                  "vs stock FuseOps", "solver:", "subproblem 0:", "predicted"]:
+        assert piece in text, piece
+
+
+def test_every_bert_primitive_is_traced_to_an_onnx_operator(bert_explanation):
+    primitives = bert_explanation["primitives"]
+    assert all(p["onnx"] for p in primitives)
+    for p in primitives:
+        if p["op"] == "matmul":
+            assert p["onnx_exact"] and p["onnx"].startswith("MatMul "), p
+        if p["op"] in ("max", "exp"):
+            assert p["onnx"].startswith("Softmax ") and not p["onnx_exact"], p
+    norm = [p for p in primitives if p["op"] == "rsqrt"]
+    assert norm and all(p["onnx"].startswith("LayerNormalization ") for p in norm)
+
+
+def test_stock_difference_classifies_merge_split_and_recompute():
+    stock = [frozenset({0, 1}), frozenset({2}), frozenset({3, 4})]
+    chosen = [[0, 1, 2], [3], [2, 4]]  # merges, part of a stock group, recomputes 2
+    diff = stock_difference(chosen, stock, ["k0", "k1", "k2"])
+    assert diff["merged"] == [{"kernel": "k0", "stock_groups": [[0, 1], [2]]},
+                              {"kernel": "k2", "stock_groups": [[2], [3, 4]]}]
+    assert diff["part_of_stock"] == [{"kernel": "k1", "stock_group": [3, 4]}]
+    assert {tuple(s["stock_group"]): s["kernels"] for s in diff["split"]} == {
+        (2,): ["k0", "k2"], (3, 4): ["k1", "k2"]}
+    assert stock_difference([[0, 1]], [frozenset({0, 1})], ["k0"])["same"] == ["k0"]
+
+
+def test_dot_output_has_every_primitive_and_edge(bert_explanation, tmp_path):
+    dot = render(bert_explanation, "dot")
+    primitives = bert_explanation["primitives"]
+    assert dot.startswith("digraph korch_plan {") and dot.rstrip().endswith("}")
+    assert len(re.findall(r"^  p\d+ \[", dot, re.M)) == len(primitives)
+    assert len(re.findall(r"^  p\d+ -> p\d+;", dot, re.M)) == sum(len(p["inputs"])
+                                                                  for p in primitives)
+    if shutil.which("dot"):
+        path = tmp_path / "plan.dot"
+        path.write_text(dot)
+        subprocess.run(["dot", "-Tsvg", str(path), "-o", str(tmp_path / "plan.svg")], check=True)
+
+
+def test_html_is_self_contained(bert_explanation):
+    page = render(bert_explanation, "html")
+    assert page.count('<g class="kernel"') == len(bert_explanation["kernels"])
+    assert not re.search(r"""(src|href)\s*=|@import|url\(|https?://(?!www\.w3\.org/2000/svg)""",
+                         page)
+
+
+def _chromium():
+    return next((shutil.which(name) for name in ("chromium", "chromium-browser", "google-chrome")
+                 if shutil.which(name)), None)
+
+
+@pytest.mark.skipif(_chromium() is None,
+                    reason="no headless Chromium here (Debian: apt-get install chromium)")
+def test_html_loads_in_a_real_browser_without_errors(bert_explanation, tmp_path):
+    page = tmp_path / "plan.html"
+    page.write_text(render(bert_explanation, "html"), encoding="utf-8")
+    # Out of git: pytest's tmp dir, or KORCH_TEST_ARTIFACTS for CI to collect.
+    artifacts = pathlib.Path(os.environ.get("KORCH_TEST_ARTIFACTS", tmp_path))
+    artifacts.mkdir(parents=True, exist_ok=True)
+    screenshot = artifacts / "explain_bert_layer.png"
+    profile = tempfile.mkdtemp(prefix="korch-chromium-", dir=tmp_path)
+    base = [_chromium(), "--headless", "--no-sandbox", "--disable-gpu",
+            "--disable-background-networking", "--no-first-run", f"--user-data-dir={profile}",
+            "--enable-logging=stderr", "--v=0", "--window-size=1600,1200"]
+    dom = subprocess.run(base + ["--dump-dom", page.as_uri()], capture_output=True, text=True,
+                         timeout=120)
+    console = [line for line in dom.stderr.splitlines() if "CONSOLE" in line]
+    assert not console, console
+    drawn = re.search(r'data-kernels-drawn="(\d+)"', dom.stdout)
+    assert drawn, "the page's script did not run"
+    assert int(drawn.group(1)) == len(bert_explanation["kernels"])
+    assert dom.stdout.count('class="kernel"') == len(bert_explanation["kernels"])
+    shot = subprocess.run(base + [f"--screenshot={screenshot}", page.as_uri()],
+                          capture_output=True, text=True, timeout=120)
+    assert screenshot.exists() and screenshot.stat().st_size > 10_000, shot.stderr[-2000:]
+
+
+def test_explain_html_default_output_name(tmp_path, monkeypatch, capsys):
+    path = tmp_path / "tiny.onnx"
+    onnx.save(make_tiny_onnx(), str(path))
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["explain", str(path), "--predict-only", "--format", "html", "-q"]) == 0
+    assert (tmp_path / "tiny.korch.html").read_text().startswith("<!DOCTYPE html>")
