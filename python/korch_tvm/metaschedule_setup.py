@@ -5,6 +5,14 @@ Three problems seen with TVM 0.27 on 2 cores (see the cookbook's pitfalls):
   backend (~30 s) and races the builder's 30 s time-out, so *all* builds fail;
 * the default runner repeats each candidate for at least 100 ms;
 * the default task split can give a task zero trials (handled by the caller's per-task cap).
+
+CUDA targets keep the real intrinsics (MetaSchedule's CUDA rules use the tensor-core ones), so
+their builder time-out is longer (`CUDA_BUILDER_TIMEOUT`): each worker's first build spends
+~30 s on that import on a small machine, and nvcc/NVRTC then compiles every candidate. GPU
+candidates are timed warm (no CPU cache flush) with more calls per sample, since kernels take
+microseconds. The search space comes from the target: `TuneContext(target=cuda)` with
+"post-order-apply" uses MetaSchedule's CUDA schedule rules and postprocessors
+(`cuda_schedule_rules` names them, for tests and reports).
 """
 
 from __future__ import annotations
@@ -32,11 +40,18 @@ def prepare_for_target(target) -> None:
         skip_gpu_tensor_intrin()
 
 
-def local_builder(target, max_workers: int | None = None, timeout_sec: float = 60.0):
+CPU_BUILDER_TIMEOUT = 60.0
+CUDA_BUILDER_TIMEOUT = 180.0
+
+
+def local_builder(target, max_workers: int | None = None, timeout_sec: float | None = None):
     """A LocalBuilder whose workers start quickly (see `skip_gpu_tensor_intrin`)."""
     from tvm.s_tir import meta_schedule as ms
 
-    initializer = skip_gpu_tensor_intrin if target.kind.name == "llvm" else None
+    is_cpu = target.kind.name == "llvm"
+    initializer = skip_gpu_tensor_intrin if is_cpu else None
+    if timeout_sec is None:
+        timeout_sec = CPU_BUILDER_TIMEOUT if is_cpu else CUDA_BUILDER_TIMEOUT
     return ms.builder.LocalBuilder(
         max_workers=max_workers, timeout_sec=timeout_sec, initializer=initializer
     )
@@ -62,3 +77,22 @@ def search_strategy(population: int = 64):
     return ms.search_strategy.EvolutionarySearch(
         population_size=population, init_min_unmeasured=16, genetic_num_iters=1
     )
+
+
+def evaluator_for_target(target, *, cache_flush: bool | None = None):
+    """Runner settings per target: CPU 3 calls with cold caches; CUDA 10 warm calls x 3 samples.
+
+    A GPU kernel takes microseconds and the device has no CPU cache to flush, so more calls per
+    sample give a stable number at negligible cost (the time evaluator syncs the stream).
+    """
+    if target.kind.name == "cuda":
+        return evaluator_config(number=10, repeat=3, enable_cpu_cache_flush=False)
+    flush = True if cache_flush is None else cache_flush
+    return evaluator_config(enable_cpu_cache_flush=flush)
+
+
+def cuda_schedule_rules() -> list[str]:
+    """Type names of MetaSchedule's CUDA schedule rules (what tuning for `cuda` searches with)."""
+    from tvm.s_tir import meta_schedule as ms
+
+    return [type(rule).__name__ for rule in ms.ScheduleRule.create("cuda")]

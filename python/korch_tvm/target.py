@@ -60,15 +60,39 @@ def parse_target(spec: str | dict | Target = "llvm") -> Target:
         spec.setdefault("mcpu", host_cpu_name())
         spec.setdefault("num-cores", host_core_count())
     elif spec["kind"] == "cuda":
-        spec.setdefault("arch", "sm_90")
-        spec.setdefault("max_threads_per_block", 1024)
-        spec.setdefault("max_shared_memory_per_block", 49152)
-        spec.setdefault("thread_warp_size", 32)
+        for key, value in cuda_defaults().items():
+            spec.setdefault(key, value)
         spec.setdefault("host", {"kind": "llvm", "mcpu": host_cpu_name()})
     try:
         return Target(spec)
     except Exception as err:  # noqa: BLE001 - TVM raises many kinds here
         raise KorchError(f"TVM rejects target {spec}: {str(err).splitlines()[0]}") from None
+
+
+# The paper's GPU class (H100/H200, sm_90) with CUDA's static per-block limits; used where no
+# GPU is visible, so that planning and code generation work on a CPU-only machine.
+CUDA_FALLBACK = {"arch": "sm_90", "max_threads_per_block": 1024,
+                 "max_shared_memory_per_block": 49152, "thread_warp_size": 32}
+
+
+def cuda_defaults() -> dict:
+    """Limits of the visible GPU (device 0), else `CUDA_FALLBACK`; explicit target fields win.
+
+    `max_shared_memory_per_block` is the static per-block amount (48 KiB on every NVIDIA GPU);
+    TVM's CUDA code generator allocates shared memory statically, so that is the usable limit.
+    """
+    from .cuda_build import cuda_device_present
+
+    if not cuda_device_present():
+        return dict(CUDA_FALLBACK)
+    try:
+        device = tvm.cuda(0)
+        return {"arch": "sm_" + str(device.compute_version).replace(".", ""),
+                "max_threads_per_block": int(device.max_threads_per_block),
+                "max_shared_memory_per_block": int(device.max_shared_memory_per_block),
+                "thread_warp_size": int(device.warp_size)}
+    except Exception:  # noqa: BLE001 - a device that cannot be queried: the fallback
+        return dict(CUDA_FALLBACK)
 
 
 def target_tag(target: Target) -> str:
