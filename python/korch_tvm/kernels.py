@@ -16,7 +16,10 @@ Keys: MetaSchedule's database hashes ``_normalize_mod(func)``, which adds ``glob
 (if absent) and ``tirx.noalias``, and counts every attribute. A kernel is therefore kept in one
 canonical form (`canonical_prim_func`: only ``s_tir`` and ``tirx.noalias`` attributes, no
 ``global_symbol``), and `kernel_module` is exactly what MetaSchedule normalises it to. Whoever
-puts a tuned kernel into the final model must insert the canonical PrimFunc itself.
+puts a tuned kernel into the final model must insert the canonical PrimFunc itself. The one
+attribute that says something about the call site, ``layout_free_buffers`` (the parameters fed
+by constant weights, which tuning may pre-pack), is kept; it is set by the same rule here and in
+the model (`layout.mark_layout_free_weights`).
 """
 
 from __future__ import annotations
@@ -28,16 +31,19 @@ import tvm
 import tvm_ffi
 from tvm import relax
 
+from .layout import LAYOUT_FREE_ATTR, mark_layout_free_weights
 from .primitive_graph import KERNEL_PREFIX, PrimitiveGraph, leaves
 
-_KEPT_ATTRS = ("s_tir", "tirx.noalias")
+# layout_free_buffers (set from the call sites, see layout.py) lets MetaSchedule pre-pack weights;
+# it is part of the key, so the standalone kernel and the model's kernel must both carry it.
+_KEPT_ATTRS = ("s_tir", "tirx.noalias", LAYOUT_FREE_ATTR)
 
 
 # --------------------------------------------------------------------- canonical form and keys
 def canonical_prim_func(func: tvm.tirx.PrimFunc) -> tvm.tirx.PrimFunc:
     """Strip attributes that vary between otherwise identical kernels (names, op_pattern...)."""
     for key in list(func.attrs.keys()) if func.attrs is not None else []:
-        if key not in _KEPT_ATTRS:
+        if key not in _KEPT_ATTRS or (key == LAYOUT_FREE_ATTR and len(func.attrs[key]) == 0):
             func = func.without_attr(key)
     return func.with_attr("tirx.noalias", True)
 
@@ -172,6 +178,7 @@ def build_partition_module(graph: PrimitiveGraph, groups: Sequence[Iterable[int]
     module_builder.update_func(graph.legalized.get_global_var(graph.func_name),
                                main_builder.get()[graph.func_name])
     fused = relax.transform.FuseTIR()(module_builder.get())
+    fused = mark_layout_free_weights(fused)  # as candidate_kernel does: the same keys
     return relax.transform.DeadCodeElimination([graph.func_name])(fused)
 
 
@@ -280,7 +287,7 @@ def candidate_kernel(graph: PrimitiveGraph, nodes: Iterable[int],
         with builder.dataflow():
             out = builder.emit_output(relax.Call(kernel, [param_of.get(x, x) for x in inputs]))
         builder.emit_func_output(out)
-    fused = relax.transform.FuseTIR()(builder.get())
+    fused = mark_layout_free_weights(relax.transform.FuseTIR()(builder.get()))
     return kernel_module(fused[f"{KERNEL_PREFIX}0"])
 
 
@@ -342,8 +349,9 @@ def _wiring_signature(block: _Block, nodes, callee_hash: dict) -> tuple:
             if leaf in local:
                 refs.append(local[leaf])
             else:
-                if leaf not in external:
-                    external[leaf] = (len(external), str(leaf.ty))
+                if leaf not in external:  # a constant input makes a layout-free parameter
+                    external[leaf] = (len(external), str(leaf.ty),
+                                      isinstance(leaf, tvm.ir.expr.Constant))
                 refs.append(("in", external[leaf]))
         local[binding.var] = len(local)
         entries.append((head, tuple(refs)))

@@ -3,7 +3,8 @@
 The kernels of the rebuilt `main` must be structurally the standalone kernels that were tuned,
 or the tuning log would not find them; so every fused PrimFunc is put in the canonical form
 kernels.py keys the log by before the log is applied. Nothing after this may re-fuse: the
-module goes to `tvm.compile`, whose CPU and GPU pipelines do not run FuseOps.
+module is built by `cuda_build.build`, which runs TVM's CPU pipeline (it does not fuse) or its
+CUDA pipeline without FuseOps/FuseTIR (the stock CUDA pipeline would re-fuse).
 """
 
 from __future__ import annotations
@@ -14,22 +15,27 @@ import tvm
 from tvm import relax
 
 from .kernels import canonical_prim_func
+from .layout import mark_layout_free_weights, pack_constant_weights
 
 
 def canonicalize_kernels(mod: tvm.IRModule) -> tvm.IRModule:
-    """Every PrimFunc called from Relax in the canonical form its tuning record is keyed by."""
+    """Every PrimFunc called from Relax in the canonical form its tuning record is keyed by
+    (including the layout-free weight parameters, read from the call sites)."""
     updated = tvm.IRModule(dict(mod.functions_items()), attrs=mod.attrs)
     for global_var, func in mod.functions_items():
         if isinstance(func, tvm.tirx.PrimFunc):
             updated[global_var] = canonical_prim_func(func)
-    return updated
+    return mark_layout_free_weights(updated)
 
 
-def apply_tuning_log(mod: tvm.IRModule, database, target) -> tvm.IRModule:
-    """Replace each kernel that has a record in `database` with its best schedule."""
+def apply_tuning_log(mod: tvm.IRModule, database, target, *, pack_weights: bool = True
+                     ) -> tvm.IRModule:
+    """Replace each kernel that has a record in `database` with its best schedule, then (with
+    `pack_weights`) compute the weight layouts those schedules chose once, at compile time."""
     canonical = canonicalize_kernels(mod)
     with target, database:
-        return relax.transform.MetaScheduleApplyDatabase(enable_warning=False)(canonical)
+        tuned = relax.transform.MetaScheduleApplyDatabase(enable_warning=False)(canonical)
+    return pack_constant_weights(tuned) if pack_weights else tuned
 
 
 def rewrite_with_plan(graph, chosen_groups: Sequence[Iterable[int]], database, target

@@ -6,6 +6,7 @@ same trial budget as the Korch path.
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 
 import tvm
@@ -13,22 +14,26 @@ from tvm import relax
 
 from .config import KorchConfig
 from .costing import cost_kernels
+from .kernel_kinds import kind_times, module_kernel_kinds
 from .kernels import kernel_module
+from .layout import mark_layout_free_weights
 from .rewrite import apply_tuning_log
 
 CALL_TIR = tvm.ir.Op.get("relax.call_tir")
 
 
 def stock_fusion(mod: tvm.IRModule, target) -> tvm.IRModule:
-    """The fusion TVM's own pipeline performs (relax.get_pipeline("zero") without the tuning)."""
+    """The fusion TVM's own pipeline performs (relax.get_pipeline("zero") without the tuning),
+    with the kernels' constant weights marked layout free (as Korch's kernels are)."""
     with target:
-        return tvm.transform.Sequential([
+        fused = tvm.transform.Sequential([
             relax.transform.LegalizeOps(),
             relax.transform.AnnotateTIROpPattern(),
             relax.transform.FoldConstant(),
             relax.transform.FuseOps(),
             relax.transform.FuseTIR(),
         ])(mod)
+    return mark_layout_free_weights(fused)
 
 
 def kernel_calls(mod: tvm.IRModule, func_name: str = "main") -> Counter:
@@ -52,9 +57,19 @@ def run_stock(mod: tvm.IRModule, config: KorchConfig):
     costing = cost_kernels(kernels, config, weights=dict(calls))
     tuned = apply_tuning_log(fused, costing.tuning_log.database, target)
     modelled = sum(costing.costs[name].seconds * count for name, count in calls.items())
+    kernel_ms = {name: _finite_ms(costing.costs[name].seconds) for name in calls}
+    kinds = module_kernel_kinds(fused)
     report = {
         "kernel_calls": sum(calls.values()),
         "tuning": costing.summary,
         "modelled_ms": modelled * 1e3,
+        # per kernel (ms of one call) and per kind (ms per model run), for the bench's profile
+        "kernels": [{"name": name, "calls": count, "ms": kernel_ms[name],
+                     "kind": kinds.get(name, "memory")} for name, count in calls.items()],
+        "kind_ms": kind_times(fused, kernel_ms, calls),
     }
     return tuned, report
+
+
+def _finite_ms(seconds: float) -> float | None:
+    return seconds * 1e3 if math.isfinite(seconds) else None

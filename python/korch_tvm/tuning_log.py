@@ -66,6 +66,30 @@ def _dump_line(value) -> bytes:
     return (json.dumps(value, separators=(",", ":")) + "\n").encode()
 
 
+def _record_json(record: TuningRecord):
+    """`record.as_json()`, also for traces holding an IndexMap (a layout rewrite of a weight).
+
+    TVM's Python `as_json` rejects IndexMap; its C++ JSONDatabase writes one as the string of
+    `tvm.ir.save_json`, which `TuningRecord.from_json` reads back, so the same is written here.
+    """
+    from tvm.s_tir.meta_schedule.database.database import _ffi_api as database_api
+
+    def plain(value):
+        if value is None or isinstance(value, (bool, int, float, str)):
+            return value
+        if isinstance(value, tvm.tirx.IndexMap):
+            return tvm.ir.save_json(value)
+        if isinstance(value, (tvm.tirx.IntImm, tvm.tirx.FloatImm)):
+            return value.value
+        if isinstance(value, tvm_ffi.Array):
+            return [plain(item) for item in value]
+        if isinstance(value, tvm_ffi.Map):
+            return {plain(key): plain(item) for key, item in value.items()}
+        raise TypeError(f"cannot write {type(value).__name__} into the tuning log")
+
+    return plain(database_api.TuningRecordAsJSON(record))
+
+
 def _split_lines(data: bytes) -> tuple[list[bytes], bytes]:
     """Complete lines (without newline) and the unterminated tail, if any."""
     *lines, tail = data.split(b"\n")
@@ -387,8 +411,8 @@ class TuningLog:
             if line is None:
                 self._commit_workload(record.workload.mod)
                 line = table.find(record.workload.mod)
-            record = TuningRecord.from_json(record.as_json(), table.workloads[line])
-            data = _dump_line([line, record.as_json()])
+            record = TuningRecord.from_json(_record_json(record), table.workloads[line])
+            data = _dump_line([line, _record_json(record)])
             self._append(RECORD_FILE, data)
             table.add_record(line, record)
             table.record_bytes += len(data) if self.writable else 0
