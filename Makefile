@@ -7,7 +7,7 @@ DEMO_MODEL := models/bert_layer.onnx
 NPROC := $(shell nproc 2>/dev/null || echo 2)
 export TVM_NUM_THREADS ?= $(NPROC)
 
-.PHONY: install demo test bench bench-models clean
+.PHONY: install demo test logs bench bench-models clean
 
 install: $(STAMP)
 
@@ -23,6 +23,22 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest -q tests
+
+# Regenerate the shipped tuning logs for the bundled models on this machine: default-schedule
+# measurements of every kernel both paths consider, a cost model trained on them, then the same
+# trial budget for the stock and the Korch path.
+LOG_MODELS := models/bert_layer.onnx models/segformer_block.onnx
+LOG_TRIALS ?= 64
+logs: $(STAMP)
+	for m in $(LOG_MODELS); do \
+	  $(VENV)/bin/korch-tvm compile $$m --tuning-logs tuning_logs --trials 0 -q --no-verify && \
+	  $(VENV)/bin/korch-tvm compile $$m --korch --tuning-logs tuning_logs --trials 0 -q --no-verify \
+	  || exit 1; done
+	$(VENV)/bin/korch-tvm logs tuning_logs --train
+	for m in $(LOG_MODELS); do \
+	  $(VENV)/bin/korch-tvm compile $$m --tuning-logs tuning_logs --trials $(LOG_TRIALS) && \
+	  $(VENV)/bin/korch-tvm compile $$m --korch --tuning-logs tuning_logs --trials $(LOG_TRIALS) \
+	  || exit 1; done
 
 # Optional: the benchmark-model environment (torch, timm, transformers, yolox); never needed by `make test`.
 bench-models:

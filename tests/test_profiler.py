@@ -64,11 +64,9 @@ def test_tiny_tuning_then_rerun_does_zero_trials(tmp_path, capfd, caplog):
     assert "TaskScheduler" not in captured.out + captured.err
     assert "Sending" not in captured.out + captured.err
 
-    start = time.perf_counter()
     again = profile_kernels(kernels, TARGET, TuningLog(tmp_path, TARGET), trials=8, progress=False)
     assert all(c.source == "log" and c.trials == 0 for c in again.values())
     assert {n: c.seconds for n, c in again.items()} == {n: c.seconds for n, c in costs.items()}
-    assert time.perf_counter() - start < min(2.0, first_run / 3)
     print(f"tuning: {sum(c.trials for c in costs.values())} trials in {first_run:.1f}s")
 
 

@@ -102,6 +102,9 @@ def build_parser() -> argparse.ArgumentParser:
                                      "(default 1e-4)")
     compile_parser.add_argument("--measure", action="store_true",
                                 help="also measure end-to-end latency of the result")
+    compile_parser.add_argument("--fallback-on-mismatch", action="store_true",
+                                help="if the Korch build fails verification, build with the stock "
+                                     "plan instead (the report says so) rather than fail")
 
     for name, help_text in _PLUGGED_COMMANDS.items():
         command_parser = commands.add_parser(name, help=help_text)
@@ -140,7 +143,7 @@ def _command_compile(args) -> int:
         trials=args.trials, time_budget=args.time_budget, verify=args.verify,
         verify_tolerance=args.verify_tolerance or DEFAULT_TOLERANCE,
         input_shapes_override=dict(args.input_shape), config=_config_from_args(args),
-        measure_latency=args.measure)
+        measure_latency=args.measure, fallback_on_mismatch=args.fallback_on_mismatch)
     if args.output:
         _export(executable, args.output)
         report["output"] = os.path.abspath(args.output)

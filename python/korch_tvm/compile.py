@@ -17,6 +17,7 @@ import numpy as np
 import onnx
 
 from .config import KorchConfig
+from .cuda_build import build, check_device_code, is_cuda, no_device_reason
 from .errors import KorchError
 from .frontend import import_onnx, input_dtypes, input_shapes, load_onnx
 from .target import configure_threads, parse_target, target_tag
@@ -24,17 +25,26 @@ from .verify import DEFAULT_TOLERANCE, compare, onnxruntime_outputs, random_inpu
 
 logger = logging.getLogger("korch_tvm.compile")
 
+# CUDA kernels are compiled with fast math (approximate exp/erf/rsqrt), so their error against
+# a float32 reference is larger than the CPU's, though still far below a wrong kernel's.
+CUDA_TOLERANCE = 2e-3
+
 
 def compile_model(model, target="llvm", *, korch: bool = True, tuning_logs: str | None = None,
                   trials: int = 0, time_budget: float | None = None, verify: bool = True,
                   verify_tolerance: float = DEFAULT_TOLERANCE,
                   input_shapes_override: Mapping[str, Sequence[int]] | None = None,
-                  config: KorchConfig | None = None, measure_latency: bool = False):
+                  config: KorchConfig | None = None, measure_latency: bool = False,
+                  fallback_on_mismatch: bool = False):
     """Compile `model` (ONNX path, `onnx.ModelProto` or Relax `IRModule`) for `target`.
 
     Returns `(executable, report)`: a `tvm.relax.Executable` (export it with
     `export_library`, run it with `relax.VirtualMachine`) and a JSON-friendly dict saying what
     was done (tuning, plan, verification error, latency when `measure_latency`).
+
+    When the Korch build's outputs differ from the reference, the error names the first chosen
+    kernel from which they differ; with `fallback_on_mismatch` the model is rebuilt on the stock
+    path instead (and the report's "fallback" says why).
     """
     import tvm
 
@@ -55,29 +65,96 @@ def compile_model(model, target="llvm", *, korch: bool = True, tuning_logs: str 
         "tvm_version": tvm.__version__,
         "trials_budget": config.trials,
     }
+    config = config.with_changes(target=tvm_target)
+    plan = None
     if korch:
-        from .passes import run_korch
+        from .passes import plan_korch, rewrite_plan
 
-        optimized, korch_report = run_korch(source.relax_module, config.with_changes(target=tvm_target))
+        plan = plan_korch(source.relax_module, config)
+        optimized, korch_report = rewrite_plan(plan)
         report.update(korch_report)
     else:
         from .stock import run_stock
 
-        optimized, stock_report = run_stock(source.relax_module, config.with_changes(target=tvm_target))
+        optimized, stock_report = run_stock(source.relax_module, config)
         report.update(stock_report)
-    executable = tvm.compile(optimized, target=tvm_target)
+    executable = build(optimized, tvm_target)
     report["compile_seconds"] = round(time.perf_counter() - started, 3)
+    if is_cuda(tvm_target):
+        report["device_code"] = check_device_code(executable, tvm_target)
+    if is_cuda(tvm_target) and verify_tolerance == DEFAULT_TOLERANCE:
+        verify_tolerance = CUDA_TOLERANCE
+    missing_device = no_device_reason(tvm_target)
+    if missing_device is not None:
+        # Nothing can run: costs were predicted, and verification/latency need the device.
+        report["verification"] = {"skipped": missing_device}
+        verify = measure_latency = False
     if verify:
         verification = verify_executable(executable, tvm_target, source, verify_tolerance)
         report["verification"] = verification.as_dict()
         if not verification.passed:
-            raise KorchError(
-                f"verification failed: output {verification.worst_output} differs from "
-                f"{verification.reference} by {verification.max_rel_error:.3g} (relative), above "
-                f"the tolerance {verification.tolerance:g}")
+            message = _mismatch_message(verification, plan, source, tvm_target, verify_tolerance)
+            if plan is None or not fallback_on_mismatch:
+                hint = "; rerun with --fallback-on-mismatch to use the stock plan" if plan else ""
+                raise KorchError(message + hint)
+            executable = _stock_fallback(source, config, verify_tolerance, message, report)
+            report["compile_seconds"] = round(time.perf_counter() - started, 3)
     if measure_latency:
         report["latency_ms"] = measure_latency_ms(executable, tvm_target, source)
     return executable, report
+
+
+def _mismatch_message(verification, plan, source, target, tolerance) -> str:
+    """One line: which output is wrong by how much and, on the Korch path, which kernel first."""
+    message = (f"verification failed: output {verification.worst_output} differs from "
+               f"{verification.reference} by {verification.max_rel_error:.3g} (relative), above "
+               f"the tolerance {verification.tolerance:g}")
+    if plan is None:
+        return message
+    from . import passes  # the rewrite that the Korch path itself used
+    from .verify import first_mismatching_kernel
+
+    def build_groups(groups):
+        module = passes.rewrite_with_plan(plan.graph, groups, plan.tuning_log.database, target)
+        return build(module, target)
+
+    inputs = random_inputs(source.shapes, source.dtypes, 0)
+    expected = reference_outputs(source, target, inputs)
+    logger.info("verification failed; looking for the first kernel whose output differs")
+    try:
+        index = first_mismatching_kernel(build_groups, plan.chosen_groups, len(plan.graph.nodes),
+                                         list(inputs.values()), expected, target, tolerance)
+    except Exception as err:  # noqa: BLE001 - the diagnosis must not hide the mismatch itself
+        logger.warning("could not isolate the mismatching kernel: %s", err)
+        return message
+    if index is None:
+        return message + ("; even one kernel per primitive differs, so the error is in the "
+                          "operator lowering or import, not in a chosen kernel")
+    nodes = sorted(plan.chosen_groups[index])
+    ops = " + ".join(plan.graph.nodes[i].op_name.removeprefix("relax.") for i in nodes)
+    return message + (f"; the first kernel whose output differs is k{index} ({ops}, primitives "
+                      f"{','.join(map(str, nodes))})")
+
+
+def _stock_fallback(source, config, tolerance, reason, report):
+    """Rebuild on the stock path after a Korch mismatch; the report keeps both verifications."""
+    import tvm
+
+    from .stock import run_stock
+
+    logger.warning("%s; falling back to the stock plan", reason)
+    optimized, stock_report = run_stock(source.relax_module, config)
+    executable = build(optimized, config.target)
+    verification = verify_executable(executable, config.target, source, tolerance)
+    report["fallback"] = {"reason": reason, "path": "stock",
+                          "korch_verification": report["verification"], "stock": stock_report}
+    report["verification"] = verification.as_dict()
+    report["modelled_ms"] = stock_report["modelled_ms"]
+    if not verification.passed:
+        raise KorchError(f"{reason}; the stock plan differs too (by "
+                         f"{verification.max_rel_error:.3g}), so the reference or the model is at "
+                         "fault")
+    return executable
 
 
 class _Source:
@@ -120,19 +197,26 @@ def _load_source(model, shape_overrides) -> _Source:
 
 def verify_executable(executable, target, source: _Source, tolerance: float, seed: int = 0):
     """Compare the built model with ONNX Runtime (when possible) or the unoptimised Relax module."""
-    import tvm
-
     inputs = random_inputs(source.shapes, source.dtypes, seed)
     actual = run_executable(executable, target, list(inputs.values()))
+    expected, reference = reference_outputs(source, target, inputs, with_name=True)
+    return compare(actual, expected, reference, tolerance)
+
+
+def reference_outputs(source: _Source, target, inputs, with_name: bool = False):
+    """The outputs to match: ONNX Runtime's when it can run the model, else the unoptimised
+    Relax module's (plain `tvm.compile`: no fusion, no tuning, no fission)."""
+    import tvm
+
     expected, reference = None, "relax-unoptimised"
     if source.onnx_model is not None:
         expected = onnxruntime_outputs(source.onnx_model, inputs)
         reference = "onnxruntime"
     if expected is None:
         reference = "relax-unoptimised"
-        baseline = tvm.compile(source.relax_module, target=target)
+        baseline = build(source.relax_module, target)
         expected = run_executable(baseline, target, list(inputs.values()))
-    return compare(actual, expected, reference, tolerance)
+    return (expected, reference) if with_name else expected
 
 
 def measure_latency_ms(executable, target, source: _Source, repeat: int = 20) -> dict:

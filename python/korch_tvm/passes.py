@@ -1,7 +1,9 @@
 """KorchPass: fission -> primitive graph -> candidates -> costing -> orchestration -> rewrite.
 
 Each stage takes the previous stage's value and returns a new one; this file only composes
-them, so reading `run_korch` tells the whole story of a Korch compile.
+them, so reading `plan_korch` and `run_korch` tells the whole story of a Korch compile.
+`plan_korch` stops before the rewrite, so `korch-tvm explain` shows the very plan a compile
+would build without building it.
 """
 
 from __future__ import annotations
@@ -9,20 +11,23 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter
+from dataclasses import dataclass
 
 import tvm
 
-from .candidates import KernelRules, enumerate_candidates
+from .candidates import enumerate_candidates
 from .config import KorchConfig
 from .cost_model import default_predictor
 from .costing import (default_schedule_costs, measure_costs, open_tuning_log, summarize,
                       tune_costs)
 from .fission import lower_to_primitives, lowering_stats
+from .gpu_rules import rules_for_target
 from .kernels import distinct_kernels
 from .orchestration import solve_orchestration
 from .partition import partition_graph
 from .planning import orchestration_problems, plan_groups, plan_report, prune_by_prediction
 from .primitive_graph import PrimitiveGraph
+from .profiler import KernelCost
 from .rewrite import rewrite_with_plan, scheduled_kernel_count
 from .target import parse_target
 
@@ -42,8 +47,54 @@ class _StageClock:
         self._last = now
 
 
-def run_korch(mod: tvm.IRModule, config: KorchConfig):
-    """Orchestrate `main` of `mod`; returns (module ready for tvm.compile, report dict)."""
+@dataclass(frozen=True)
+class KorchPlan:
+    """Everything planning decided, before any module is rewritten or built."""
+
+    source: tvm.IRModule       # the module as given
+    lowered: tvm.IRModule      # after operator fission
+    graph: PrimitiveGraph
+    pieces: list               # primitive-id sets, one orchestration problem each
+    candidates: list           # every enumerated Candidate
+    kept: list[int]            # candidate indices that survived pruning by prediction
+    kernel_keys: list          # structural key of each candidate (None: opaque)
+    kernel_modules: dict       # key -> standalone kernel module
+    costs: dict[str, KernelCost]
+    problems: list             # planning.Subproblem per piece
+    plans: list                # orchestration.Plan per piece
+    chosen: list[int]          # candidate indices of the chosen kernels, in execution order
+    tuning_log: object
+    target: object
+    stage_seconds: dict
+
+    @property
+    def chosen_groups(self) -> list[frozenset[int]]:
+        return [self.candidates[i].nodes for i in self.chosen]
+
+    def opaque_primitives(self) -> list[tuple[int, str]]:
+        """(id, op) of primitives Korch cannot fuse: they stay plain bindings, as in the stock path."""
+        return [(node.index, node.op_name) for node in self.graph.nodes if not node.fusible]
+
+    def report(self) -> dict:
+        """The planning part of the compile report (JSON-friendly)."""
+        plan = plan_report(self.graph, self.candidates, self.kept, self.problems, self.plans,
+                           self.chosen, self.kernel_keys, self.costs)
+        plan["opaque_ops"] = sorted({op for _, op in self.opaque_primitives()})
+        return {
+            "lowering": lowering_stats(self.source, self.lowered),
+            "tuning": summarize(self.costs.values()),
+            "plan": plan,
+        }
+
+
+def plan_korch(mod: tvm.IRModule, config: KorchConfig, *, predict_only: bool = False
+               ) -> KorchPlan:
+    """Fission, candidates, costing and orchestration of `main`; nothing is rewritten or built.
+
+    With `predict_only` no kernel is measured or tuned: costs come from the tuning log where it
+    has a record and from the cost model everywhere else (fast; the plan may differ from the
+    one a compile, which measures, would choose).
+    """
     target = parse_target(config.target)
     config = config.with_changes(target=target)
     clock = _StageClock()
@@ -51,8 +102,12 @@ def run_korch(mod: tvm.IRModule, config: KorchConfig):
     lowered = lower_to_primitives(mod)
     graph = PrimitiveGraph.from_module(lowered)
     clock.lap("lowering")
+    opaque = sorted({node.op_name for node in graph.nodes if not node.fusible})
+    if opaque:
+        logger.info("opaque ops kept as in the stock path (not fused or reordered): %s",
+                    ", ".join(opaque))
 
-    rules = KernelRules(max_kernel_size=config.max_kernel_size)
+    rules = rules_for_target(target, config.max_kernel_size)  # GPU limits for CUDA targets
     pieces = partition_graph(graph, config.max_subproblem_nodes)
     candidates = [candidate for piece in pieces
                   for candidate in enumerate_candidates(graph, rules, node_subset=piece)]
@@ -75,9 +130,12 @@ def run_korch(mod: tvm.IRModule, config: KorchConfig):
                  for problem in problems]
         return problems, plans, plan_groups(problems, plans)
 
-    costs = measure_costs(kept_kernels, config, tuning_log, predictor=predict)
+    if predict_only:
+        costs = _logged_or_predicted(kept_kernels, predicted, tuning_log)
+    else:
+        costs = measure_costs(kept_kernels, config, tuning_log, predictor=predict)
     clock.lap("measurement")
-    if config.trials > 0:
+    if config.trials > 0 and not predict_only:
         # Tune where the time goes: the kernels of the plan chosen from default-schedule costs,
         # by their share of that plan's latency (the same plan on every compile, see costing).
         defaults = default_schedule_costs(kept_kernels, costs, tuning_log)
@@ -93,30 +151,47 @@ def run_korch(mod: tvm.IRModule, config: KorchConfig):
         clock.lap("tuning")
     problems, plans, chosen = solve(costs)
     clock.lap("orchestration")
+    return KorchPlan(mod, lowered, graph, pieces, candidates, kept, kernels.keys,
+                     kernels.modules, costs, problems, plans, chosen, tuning_log, target,
+                     clock.seconds)
 
-    optimized = rewrite_with_plan(graph, [candidates[i].nodes for i in chosen],
-                                  tuning_log.database, target)
-    clock.lap("rewrite")
 
+def _logged_or_predicted(kept_kernels, predicted, tuning_log) -> dict[str, KernelCost]:
+    """Costs without running anything: a logged record where there is one, else the prediction."""
+    costs = {}
+    for key, module in kept_kernels.items():
+        best = tuning_log.best_seconds(module)
+        costs[key] = (KernelCost(predicted[key], "predicted", 0) if best is None
+                      else KernelCost(best, "log", 0))
+    return costs
+
+
+def rewrite_plan(plan: KorchPlan):
+    """The rewrite step: (module ready for tvm.compile, compile report) from a plan."""
+    rewrite_started = time.perf_counter()
+    optimized = rewrite_with_plan(plan.graph, plan.chosen_groups, plan.tuning_log.database,
+                                  plan.target)
     tuned, total = scheduled_kernel_count(optimized)
-    report = {
-        "lowering": lowering_stats(mod, lowered),
-        "tuning": summarize(costs.values()),
-        "plan": plan_report(graph, candidates, kept, problems, plans, chosen, kernels.keys,
-                            costs),
-        "kernels_with_tuned_schedule": f"{tuned}/{total}",
-        "stage_seconds": clock.seconds,
-    }
+    report = plan.report()
+    report["kernels_with_tuned_schedule"] = f"{tuned}/{total}"
+    report["stage_seconds"] = {**plan.stage_seconds,
+                               "rewrite": round(time.perf_counter() - rewrite_started, 3)}
     report["modelled_ms"] = report["plan"]["modelled_ms"]
     return optimized, report
+
+
+def run_korch(mod: tvm.IRModule, config: KorchConfig):
+    """Orchestrate `main` of `mod`; returns (module ready for tvm.compile, report dict)."""
+    return rewrite_plan(plan_korch(mod, config))
 
 
 @tvm.transform.module_pass(opt_level=0, name="KorchPass")
 class KorchPass:
     """Use in place of FuseOps/FuseTIR: rebuild `main` as the optimal set of tuned kernels.
 
-    The result goes straight to `tvm.compile` (whose pipelines do not re-fuse). The report of
-    the last run is kept in `last_report`.
+    On the CPU the result goes straight to `tvm.compile` (its pipeline does not re-fuse); for
+    CUDA build it with `korch_tvm.cuda_build.build`, since TVM's CUDA pipeline runs FuseOps
+    again. The report of the last run is kept in `last_report`.
     """
 
     def __init__(self, config: KorchConfig | None = None):

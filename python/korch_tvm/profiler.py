@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import logging
 import math
+import signal
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Mapping
 from contextlib import contextmanager
@@ -28,11 +30,13 @@ import tvm_ffi
 
 from .metaschedule_setup import (
     evaluator_config,
+    evaluator_for_target,
     local_builder,
     prepare_for_target,
     search_strategy,
     skip_gpu_tensor_intrin,
 )
+from .cuda_build import device_present, no_device_reason
 from .target import host_core_count, parse_target
 from .tuning_log import TuningLog
 
@@ -80,9 +84,10 @@ def local_runner(target, *, cache_flush: bool | None = None):
     """The default runner: this machine, cold caches on the CPU (as kernels run inside a model)."""
     from tvm.s_tir import meta_schedule as ms
 
-    if cache_flush is None:
-        cache_flush = target.kind.name == "llvm"
-    return ms.runner.LocalRunner(evaluator_config=evaluator_config(enable_cpu_cache_flush=cache_flush))
+    if target.kind.name != "llvm":
+        cache_flush = False  # a GPU has no CPU cache to flush; the GPU settings time it warm
+    return ms.runner.LocalRunner(evaluator_config=evaluator_for_target(target,
+                                                                       cache_flush=cache_flush))
 
 
 @contextmanager
@@ -105,6 +110,59 @@ def metaschedule_logs_routed() -> None:
     finally:
         source.removeHandler(handler)
         source.propagate, source.level = propagate, level
+
+
+_CTRL_C = threading.Event()
+
+
+@contextmanager
+def _ctrl_c_kept():
+    """Keep Ctrl-C an interrupt while MetaSchedule runs.
+
+    MetaSchedule calls Python (builder, runner) from C++, and a KeyboardInterrupt raised in such
+    a callback comes back as a plain RuntimeError, which the fallbacks below would swallow (and
+    tune on). So Ctrl-C is also remembered here, and `_raise_if_interrupted` turns it back into
+    KeyboardInterrupt; the records already committed stay in the log.
+    """
+    if (threading.current_thread() is not threading.main_thread()
+            or signal.getsignal(signal.SIGINT) is not signal.default_int_handler):
+        yield
+        return
+
+    def remember(signum, frame):
+        _CTRL_C.set()
+        raise KeyboardInterrupt
+
+    _CTRL_C.clear()
+    signal.signal(signal.SIGINT, remember)
+    try:
+        yield
+        _raise_if_interrupted()
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+def _raise_if_interrupted() -> None:
+    if _CTRL_C.is_set():
+        _quiet_pool_teardown()
+        raise KeyboardInterrupt
+
+
+def _quiet_pool_teardown() -> None:
+    """After Ctrl-C, TVM's worker pools get collected on their own threads, and their __del__
+    prints 'cannot join current thread' as a raw traceback; send that to the debug log."""
+    previous = sys.unraisablehook
+    if getattr(previous, "korch_quiet", False):
+        return
+
+    def hook(unraisable):
+        if "PopenPool" in repr(unraisable.object):
+            logger.debug("ignored while stopping worker pools: %s", unraisable.exc_value)
+            return
+        previous(unraisable)
+
+    hook.korch_quiet = True
+    sys.unraisablehook = hook
 
 
 class _Progress:
@@ -232,11 +290,15 @@ def tune_kernels(
             todo.setdefault(more, []).append(name)
     if not todo:
         return {}
+    if runner is None and not device_present(target):
+        logger.warning("%s: the %d kernels keep their predicted costs; nothing is tuned",
+                       no_device_reason(target), sum(len(names) for names in todo.values()))
+        return {}
     runner = runner or local_runner(target)
     builder = builder or local_builder(target, max_workers=max(1, host_core_count()))
     bar = _Progress(sum(len(names) for names in todo.values()), progress)
     costs: dict[str, KernelCost] = {}
-    with metaschedule_logs_routed():
+    with metaschedule_logs_routed(), _ctrl_c_kept():
         for per_task, names in sorted(todo.items(), reverse=True):
             costs.update(_tune(names, kernels, target, tuning_log, builder, runner, per_task,
                                deadline, bar, seed))
@@ -271,10 +333,13 @@ def measure_kernels(
             costs[name] = KernelCost(best, "log", 0, error)
     bar = _Progress(len(distinct), progress)
     bar.update(done=len(costs), stage="log")
-    if pending and time.perf_counter() < deadline:  # their worker pools take seconds to start
+    if pending and runner is None and not device_present(target):
+        logger.warning("%s: %d kernels are costed by prediction", no_device_reason(target),
+                       len(pending))
+    elif pending and time.perf_counter() < deadline:  # worker pools take seconds to start
         runner = runner or local_runner(target)
         builder = builder or local_builder(target, max_workers=max(1, host_core_count()))
-        with metaschedule_logs_routed():
+        with metaschedule_logs_routed(), _ctrl_c_kept():
             costs.update(_measure_defaults(pending, kernels, target, tuning_log, builder, runner,
                                            deadline, bar))
     leftovers = [name for name in pending if name not in costs]
@@ -302,6 +367,22 @@ def _distinct(kernels: Mapping[str, tvm.IRModule]) -> dict[str, list[str]]:
     return groups
 
 
+def _default_schedule(kernel_mod: tvm.IRModule, target):
+    """(module to build, trace to record) for a kernel's default-schedule measurement.
+
+    CPU: the kernel as written (None: the log's default trace). CUDA: unscheduled TIR has no
+    thread bindings and cannot build, so the dlight schedule TVM's CUDA pipeline would use;
+    its trace is recorded, so applying the log rebuilds exactly the measured kernel. None when
+    no dlight rule applies (the kernel is then reported as failed, cost inf).
+    """
+    if target.kind.name != "cuda":
+        return kernel_mod, None
+    from .cuda_build import default_schedule
+
+    schedule = default_schedule(kernel_mod, target)
+    return None if schedule is None else (schedule.mod, schedule.trace)
+
+
 def _device_type(target) -> str:
     return "cuda" if target.kind.name == "cuda" else "cpu"
 
@@ -318,11 +399,19 @@ def _measure_defaults(names, kernels, target, tuning_log, builder, runner, deadl
         chunk = names[start:start + group]
         results = {}
         try:
-            built = builder.build([ms.builder.BuilderInput(kernels[n], target) for n in chunk])
+            schedules = {n: _default_schedule(kernels[n], target) for n in chunk}
+            failed_schedules = {n: "no default GPU schedule" for n in chunk
+                                if schedules[n] is None}
+            built = builder.build([ms.builder.BuilderInput(
+                kernels[n] if schedules[n] is None else schedules[n][0], target) for n in chunk])
         except Exception as err:  # noqa: BLE001 - a builder crash fails this chunk only
+            _raise_if_interrupted()
+            schedules, failed_schedules = {}, {}
             built = [ms.builder.BuilderResult(None, f"builder crashed: {err}") for _ in chunk]
         to_run = []
         for name, result in zip(chunk, built):
+            if name in failed_schedules:
+                result = ms.builder.BuilderResult(None, failed_schedules[name])
             if result.error_msg is not None:
                 results[name] = (None, "build failed: " + _first_line(result.error_msg))
             else:
@@ -336,9 +425,11 @@ def _measure_defaults(names, kernels, target, tuning_log, builder, runner, deadl
                 results[name] = (None, "run failed: " + _first_line(outcome.error_msg or "no time"))
             else:
                 results[name] = ([float(s) for s in outcome.run_secs], None)
+        _raise_if_interrupted()  # an interrupted run is no failure to record
         for name in chunk:
             run_secs, error = results[name]
-            tuning_log.commit_run(kernels[name], run_secs)
+            trace = schedules[name][1] if schedules.get(name) is not None else None
+            tuning_log.commit_run(kernels[name], run_secs, trace=trace)
             if error is not None:
                 logger.warning("kernel %s cannot be costed: %s", name, error)
                 costs[name] = KernelCost(math.inf, "failed", 1, error)
@@ -397,6 +488,7 @@ def _tune_group(names, kernels, target, tuning_log, builder, runner, per_task, s
         tune(names)
         return {}
     except Exception as err:  # noqa: BLE001 - MetaSchedule raises many kinds
+        _raise_if_interrupted()
         if len(names) == 1:
             logger.warning("tuning %s failed; keeping its default schedule: %s", names[0],
                            _first_line(str(err)))

@@ -1,0 +1,95 @@
+"""Whole compiles: stock and Korch paths, the shipped logs, re-runs, the README's pipeline."""
+
+import json
+import os
+import pathlib
+import re
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from conftest import MODELS, REPO, make_tiny_onnx
+from korch_tvm import compile_model
+
+SHIPPED_LOGS = REPO / "tuning_logs"
+
+
+@pytest.fixture
+def shipped_logs(tmp_path):
+    """A private copy of the shipped logs, so tests never write into the repository's."""
+    copy = tmp_path / "tuning_logs"
+    shutil.copytree(SHIPPED_LOGS, copy)
+    return copy
+
+
+def test_stock_compile_tunes_and_matches_onnxruntime(tmp_path):
+    model = make_tiny_onnx(rows=32, cols=64)
+    _, report = compile_model(model, korch=False, tuning_logs=str(tmp_path), trials=8)
+    assert report["verification"]["reference"] == "onnxruntime"
+    assert report["verification"]["max_rel_error"] <= 1e-4
+    assert 0 < report["tuning"]["trials_run"] <= 8 + 2   # a MetaSchedule batch may overshoot
+    _, again = compile_model(model, korch=False, tuning_logs=str(tmp_path), trials=8)
+    assert again["tuning"]["trials_run"] == 0
+    assert again["tuning"]["from_log"] == again["tuning"]["kernels"]
+
+
+def test_korch_second_compile_runs_zero_trials_and_gives_the_same_plan(tmp_path):
+    model = make_tiny_onnx(rows=32, cols=64)
+    _, first = compile_model(model, korch=True, tuning_logs=str(tmp_path), trials=8)
+    _, second = compile_model(model, korch=True, tuning_logs=str(tmp_path), trials=8)
+    _, third = compile_model(model, korch=True, tuning_logs=str(tmp_path), trials=8)
+    assert first["tuning"]["trials_run"] > 0
+    assert second["tuning"]["trials_run"] == 0 and second["tuning"]["measured"] == 0
+    assert second["plan"]["kernels"] == third["plan"]["kernels"]       # deterministic
+    assert second["plan"]["modelled_ms"] == third["plan"]["modelled_ms"]
+    for report in (first, second):
+        assert report["verification"]["max_rel_error"] <= 1e-4
+        assert report["plan"]["solver_status"] == "optimal"
+
+
+@pytest.mark.parametrize("name", ["bert_layer.onnx", "segformer_block.onnx"])
+def test_korch_on_bundled_models_from_shipped_logs(name, shipped_logs):
+    _, report = compile_model(str(MODELS / name), korch=True, tuning_logs=str(shipped_logs))
+    assert report["verification"]["reference"] == "onnxruntime"
+    assert report["verification"]["max_rel_error"] <= 1e-4
+    tuning = report["tuning"]
+    assert tuning["trials_run"] == 0 and tuning["measured"] == 0, tuning   # logs are complete
+    plan = report["plan"]
+    assert plan["solver_status"] == "optimal"
+    # the FuseOps plan is one feasible answer, so the optimum can only be cheaper
+    assert plan["modelled_ms"] <= plan["stock_modelled_ms"] * (1 + 1e-9)
+    assert report["kernels_with_tuned_schedule"].split("/")[0] != "0"
+
+
+def test_readme_pipeline_example_runs_as_written(tmp_path):
+    example = (REPO / "examples" / "korch_pass_pipeline.py").read_text()
+    readme = (REPO / "README.md").read_text()
+    assert example.split('"""', 2)[2].strip() in readme    # the README shows exactly this code
+    shutil.copytree(SHIPPED_LOGS, tmp_path / "tuning_logs")
+    (tmp_path / "models").mkdir()
+    shutil.copy(MODELS / "bert_layer.onnx", tmp_path / "models")
+    result = subprocess.run([sys.executable, str(REPO / "examples" / "korch_pass_pipeline.py")],
+                            cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip().splitlines()[-1] == "(1, 64, 256)"
+
+
+def test_cli_compile_writes_library_and_report(tmp_path, shipped_logs):
+    out, report_path = tmp_path / "model.so", tmp_path / "report.json"
+    result = subprocess.run(
+        [sys.executable, "-m", "korch_tvm.cli", "compile", str(MODELS / "bert_layer.onnx"),
+         "--korch", "--tuning-logs", str(shipped_logs), "-o", str(out), "--report",
+         str(report_path)], capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr
+    assert re.search(r"verification vs onnxruntime: ok", result.stdout)
+    report = json.loads(report_path.read_text())
+    assert report["output"] == str(out) and out.stat().st_size > 0
+    import numpy as np
+    import tvm
+    from tvm import relax
+
+    vm = relax.VirtualMachine(tvm.runtime.load_module(str(out)), tvm.cpu())
+    x = np.zeros((1, 64, 256), "float32")
+    assert vm["main"](tvm.runtime.tensor(x)).numpy().shape == (1, 64, 256)
