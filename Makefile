@@ -18,8 +18,9 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 demo: $(STAMP)
+	mkdir -p out
 	$(VENV)/bin/korch-tvm compile $(DEMO_MODEL) --target llvm --korch \
-	    --tuning-logs tuning_logs --trials 0 -o out/demo.so --report out/demo_report.json
+	    --tuning-logs tuning_logs --trials 0 --measure -o out/demo.so --report out/demo_report.json
 
 test: $(STAMP)
 	$(PY) -m pytest -q tests

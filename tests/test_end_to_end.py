@@ -93,3 +93,18 @@ def test_cli_compile_writes_library_and_report(tmp_path, shipped_logs):
     vm = relax.VirtualMachine(tvm.runtime.load_module(str(out)), tvm.cpu())
     x = np.zeros((1, 64, 256), "float32")
     assert vm["main"](tvm.runtime.tensor(x)).numpy().shape == (1, 64, 256)
+
+
+def test_tune_fills_the_log_so_compile_does_no_work(tmp_path):
+    path = tmp_path / "tiny.onnx"
+    path.write_bytes(make_tiny_onnx(rows=16, cols=48).SerializeToString())
+    logs = tmp_path / "logs"
+    result = subprocess.run([sys.executable, "-m", "korch_tvm.cli", "tune", str(path), "--korch",
+                             "--tuning-logs", str(logs), "--trials", "4"],
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("tuned tiny.onnx")
+    assert not list(tmp_path.glob("*.so"))                      # nothing was built
+    _, report = compile_model(str(path), korch=True, tuning_logs=str(logs), trials=4)
+    assert report["tuning"]["trials_run"] == 0 and report["tuning"]["measured"] == 0
+    assert report["tuning"]["from_log"] == report["tuning"]["kernels"]

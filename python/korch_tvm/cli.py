@@ -106,6 +106,10 @@ def build_parser() -> argparse.ArgumentParser:
                                 help="if the Korch build fails verification, build with the stock "
                                      "plan instead (the report says so) rather than fail")
 
+    tune_parser = commands.add_parser(
+        "tune", help="fill the tuning logs for a model without building it")
+    _add_common(tune_parser)
+
     for name, help_text in _PLUGGED_COMMANDS.items():
         command_parser = commands.add_parser(name, help=help_text)
         _plugged_module(name).add_arguments(command_parser)
@@ -156,6 +160,20 @@ def _command_compile(args) -> int:
     return 0
 
 
+def _command_tune(args) -> int:
+    from .compile import tune_model
+
+    report = tune_model(args.model, args.target, korch=args.korch, tuning_logs=args.tuning_logs,
+                        trials=args.trials, time_budget=args.time_budget,
+                        input_shapes_override=dict(args.input_shape),
+                        config=_config_from_args(args))
+    if not args.quiet:
+        from .report import summary_lines
+
+        print("\n".join(line.replace("compiled", "tuned", 1) for line in summary_lines(report)))
+    return 0
+
+
 def _config_from_args(args):
     from .config import KorchConfig
 
@@ -199,7 +217,7 @@ def _command_logs(args) -> int:
     return 0
 
 
-COMMANDS = {"compile": _command_compile, "logs": _command_logs,
+COMMANDS = {"compile": _command_compile, "tune": _command_tune, "logs": _command_logs,
             **{name: (lambda args, name=name: _plugged_module(name).run(args))
                for name in _PLUGGED_COMMANDS}}
 

@@ -104,6 +104,37 @@ def compile_model(model, target="llvm", *, korch: bool = True, tuning_logs: str 
     return executable, report
 
 
+def tune_model(model, target="llvm", *, korch: bool = True, tuning_logs: str,
+               trials: int = 0, time_budget: float | None = None,
+               input_shapes_override: Mapping[str, Sequence[int]] | None = None,
+               config: KorchConfig | None = None) -> dict:
+    """Fill `tuning_logs` with what compiling `model` would measure and tune; build nothing.
+
+    A later `compile_model` with the same settings then finds every kernel in the log.
+    """
+    if not tuning_logs:
+        raise KorchError("tuning needs --tuning-logs DIR: without a log the results are lost")
+    started = time.perf_counter()
+    config = (config or KorchConfig()).with_changes(
+        target=parse_target(target), tuning_logs=tuning_logs, trials=int(trials),
+        time_budget=time_budget)
+    threads = configure_threads(config.num_threads)
+    source = _load_source(model, input_shapes_override)
+    if korch:
+        from .passes import plan_korch
+
+        report = plan_korch(source.relax_module, config).report()
+    else:
+        from .stock import run_stock
+
+        _, report = run_stock(source.relax_module, config)
+    report.update(model=source.name, korch=bool(korch), target_tag=target_tag(config.target),
+                  threads=threads,
+                  trials_budget=config.trials,
+                  compile_seconds=round(time.perf_counter() - started, 3))
+    return report
+
+
 def _mismatch_message(verification, plan, source, target, tolerance) -> str:
     """One line: which output is wrong by how much and, on the Korch path, which kernel first."""
     message = (f"verification failed: output {verification.worst_output} differs from "

@@ -24,8 +24,9 @@ def summary_lines(report: dict) -> list[str]:
         lines.append(
             f"  plan: {plan.get('kernels_chosen')} kernels from {plan.get('candidates')} "
             f"candidates ({plan.get('pruned', 0)} pruned), {plan.get('recomputed_primitives', 0)}"
-            f" primitives recomputed; modelled {plan.get('modelled_ms', 0):.3f} ms vs stock "
-            f"{plan.get('stock_modelled_ms', 0):.3f} ms; solver {plan.get('solver_status')}")
+            f" primitives recomputed; modelled {plan.get('modelled_ms', 0):.3f} ms vs "
+            f"{_ms(plan.get('stock_modelled_ms'))} for FuseOps' groups on the same costs; "
+            f"solver {plan.get('solver_status')}")
         if plan.get("opaque_ops"):
             lines.append(f"  opaque ops kept as in the stock path: {', '.join(plan['opaque_ops'])}")
     elif report.get("modelled_ms") is not None:
@@ -102,3 +103,7 @@ def _ids(ids) -> str:
     if ids and ids == list(range(ids[0], ids[-1] + 1)) and len(ids) > 2:
         return f"{ids[0]}-{ids[-1]}"
     return ",".join(map(str, ids))
+
+
+def _ms(value) -> str:
+    return "n/a" if value is None else f"{value:.3f} ms"
