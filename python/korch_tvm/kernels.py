@@ -24,7 +24,6 @@ the model (`layout.mark_layout_free_weights`).
 
 from __future__ import annotations
 
-import heapq
 from typing import Iterable, NamedTuple, Sequence
 
 import tvm
@@ -33,6 +32,7 @@ from tvm import relax
 
 from .layout import LAYOUT_FREE_ATTR, mark_layout_free_weights
 from .primitive_graph import KERNEL_PREFIX, PrimitiveGraph, leaves
+from .toposort import ordered_topologically
 
 # layout_free_buffers (set from the call sites, see layout.py) lets MetaSchedule pre-pack weights;
 # it is part of the key, so the standalone kernel and the model's kernel must both carry it.
@@ -210,25 +210,11 @@ def _unit_order(block: _Block, members, inputs, source) -> list[tuple[str, int]]
                 continue
             found.add(unit_of_glue[position] if position in unit_of_glue else source[position])
         deps.append(found - {u})
-    waiting = [len(d) for d in deps]
-    dependants = [[] for _ in units]
-    for u, d in enumerate(deps):
-        for v in d:
-            dependants[v].append(u)
     start = [members[g][0] for g in range(len(members))] + glue
-    ready = [(start[u], u) for u in range(len(units)) if waiting[u] == 0]
-    heapq.heapify(ready)
-    order = []
-    while ready:
-        _, u = heapq.heappop(ready)
-        order.append(units[u])
-        for v in dependants[u]:
-            waiting[v] -= 1
-            if waiting[v] == 0:
-                heapq.heappush(ready, (start[v], v))
-    if len(order) != len(units):
+    order = ordered_topologically(deps, start)
+    if order is None:
         raise ValueError("the groups depend on each other in a cycle; no schedule exists")
-    return order
+    return [units[u] for u in order]
 
 
 def _emit_unit(builder, block, kind, unit, members, inputs, exports, source, callees, mapping):

@@ -21,9 +21,9 @@ this loss small; with no cut (``max_nodes`` >= graph size) the whole graph is on
 
 from __future__ import annotations
 
-import heapq
 
 from .primitive_graph import PrimitiveGraph
+from .toposort import ordered_topologically
 
 
 def partition_graph(graph: PrimitiveGraph, max_nodes: int) -> list[frozenset[int]]:
@@ -63,25 +63,11 @@ def _ordered_units(graph: PrimitiveGraph) -> list[frozenset[int]]:
     """Stock groups in a topological order of the graph they form (smallest node first)."""
     units = list(graph.stock_fusion_groups())
     unit_of = {node: k for k, unit in enumerate(units) for node in unit}
-    dependants = [set() for _ in units]
-    waiting = [0] * len(units)
-    for k, unit in enumerate(units):
-        producers = {unit_of[p] for node in unit for p in graph.nodes[node].inputs} - {k}
-        waiting[k] = len(producers)
-        for producer in producers:
-            dependants[producer].add(k)
-    ready = [(min(unit), k) for k, unit in enumerate(units) if waiting[k] == 0]
-    heapq.heapify(ready)
-    order = []
-    while ready:
-        _, k = heapq.heappop(ready)
-        order.append(units[k])
-        for dependant in dependants[k]:
-            waiting[dependant] -= 1
-            if waiting[dependant] == 0:
-                heapq.heappush(ready, (min(units[dependant]), dependant))
-    assert len(order) == len(units), "stock fusion groups depend on each other in a cycle"
-    return order
+    dependencies = [{unit_of[p] for node in unit for p in graph.nodes[node].inputs} - {k}
+                    for k, unit in enumerate(units)]
+    order = ordered_topologically(dependencies, [min(unit) for unit in units])
+    assert order is not None, "stock fusion groups depend on each other in a cycle"
+    return [units[k] for k in order]
 
 
 def _cut_widths(graph: PrimitiveGraph, units, position) -> list[int]:
