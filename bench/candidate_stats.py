@@ -38,7 +38,7 @@ def candidate_stats(path: pathlib.Path, config) -> dict:
     kernels = distinct_kernels(graph, candidates)
     extraction_seconds = time.perf_counter() - started
     return {
-        "model": path.stem,
+        "model": _display_name(path),
         "primitives": len(graph.nodes),
         "candidates": len(candidates),
         "distinct_kernels": len(kernels.modules),
@@ -48,6 +48,14 @@ def candidate_stats(path: pathlib.Path, config) -> dict:
         "enumeration_seconds": round(enumeration_seconds, 2),
         "extraction_seconds": round(extraction_seconds, 2),
     }
+
+
+def _display_name(path: pathlib.Path) -> str:
+    """bench/models/x and models/x are different models of the same name: show where from."""
+    try:
+        return str(path.resolve().relative_to(REPO).with_suffix(""))
+    except ValueError:
+        return path.stem
 
 
 COLUMNS = ["model", "primitives", "candidates", "distinct_kernels", "stock_groups", "subproblems",
