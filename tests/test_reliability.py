@@ -251,7 +251,9 @@ def test_kernel_that_fails_costs_infinity_and_a_plan_is_still_found(monkeypatch)
     assert covered == set(range(len(plan.graph.nodes)))
 
 
-def test_runner_time_out_is_an_infinite_cost_not_a_crash(tmp_path, caplog):
+def test_runner_time_out_costs_its_time_out_not_a_crash(tmp_path, caplog):
+    """A kernel too slow for the runner is slow, not broken: it costs at least the time-out, so
+    a plan that has nothing else covering its primitives stays feasible."""
     from tvm.s_tir import meta_schedule as ms
 
     from korch_tvm.metaschedule_setup import evaluator_config
@@ -274,9 +276,11 @@ def test_runner_time_out_is_an_infinite_cost_not_a_crash(tmp_path, caplog):
     log = TuningLog(tmp_path, target)
     with caplog.at_level(logging.WARNING, logger="korch_tvm.profiler"):
         costs = measure_kernels({"matmul": kernel}, target, log, runner=runner, progress=False)
-    assert costs["matmul"].source == "failed" and math.isinf(costs["matmul"].seconds)
-    assert "timeout" in costs["matmul"].error.lower(), costs["matmul"].error
-    assert log.record_count(kernel) == 1  # the failure is recorded, not lost
+    assert costs["matmul"].source == "measured"
+    assert costs["matmul"].seconds == pytest.approx(0.001)
+    assert any("timed out" in record.getMessage() for record in caplog.records)
+    assert log.record_count(kernel) == 1  # recorded, so a re-run does not wait for it again
+    assert TuningLog(tmp_path, target).best_seconds(kernel) == pytest.approx(0.001)
 
 
 # ----------------------------------------------------------------------------- solver

@@ -51,6 +51,7 @@ MIN_TRIALS_PER_TASK = 4
 MEASURE_GROUP = 16
 TUNE_GROUP = 4
 INITIAL_SECONDS_PER_TRIAL = 0.5  # first guess, replaced by the observed rate
+DEFAULT_RUNNER_TIMEOUT = 30.0  # MetaSchedule's LocalRunner default, when a runner does not say
 
 CostSource = Literal["measured", "tuned", "log", "predicted", "failed"]
 Predictor = Callable[[tvm.IRModule], float]
@@ -421,7 +422,13 @@ def _measure_defaults(names, kernels, target, tuning_log, builder, runner, deadl
         futures = runner.run([entry for _, entry in to_run]) if to_run else []
         for (name, _), future in zip(to_run, futures):
             outcome = future.result()
-            if outcome.error_msg is not None or not outcome.run_secs:
+            if outcome.error_msg is not None and _timed_out(outcome.error_msg):
+                # Slow, not broken: a lower bound keeps it usable where nothing else covers its
+                # primitives, makes the solver avoid it elsewhere, and draws the trials to it.
+                results[name] = ([_timeout_seconds(runner)], None)
+                logger.warning("kernel %s timed out in the runner; costed at its time-out "
+                               "(%.0f s, a lower bound)", name, _timeout_seconds(runner))
+            elif outcome.error_msg is not None or not outcome.run_secs:
                 results[name] = (None, "run failed: " + _first_line(outcome.error_msg or "no time"))
             else:
                 results[name] = ([float(s) for s in outcome.run_secs], None)
@@ -437,6 +444,15 @@ def _measure_defaults(names, kernels, target, tuning_log, builder, runner, deadl
                 costs[name] = KernelCost(sum(run_secs) / len(run_secs), "measured", 1)
         bar.update(done=len(chunk), stage="measure")
     return costs
+
+
+def _timed_out(error_message: str) -> bool:
+    return "timeout" in error_message.lower() or "timed out" in error_message.lower()
+
+
+def _timeout_seconds(runner) -> float:
+    """The runner's time-out: the least a kernel that hit it can cost."""
+    return float(getattr(runner, "timeout_sec", None) or DEFAULT_RUNNER_TIMEOUT)
 
 
 def _tune(names, kernels, target, tuning_log, builder, runner, per_task, deadline, bar, seed):

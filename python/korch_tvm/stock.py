@@ -17,7 +17,7 @@ from .costing import cost_kernels
 from .kernel_kinds import kind_times, module_kernel_kinds
 from .kernels import kernel_module
 from .layout import mark_layout_free_weights
-from .rewrite import apply_tuning_log
+from .rewrite import apply_tuning_log, scheduled_kernel_count
 
 CALL_TIR = tvm.ir.Op.get("relax.call_tir")
 
@@ -67,6 +67,7 @@ def run_stock(mod: tvm.IRModule, config: KorchConfig):
         "kernels": [{"name": name, "calls": count, "ms": kernel_ms[name],
                      "kind": kinds.get(name, "memory")} for name, count in calls.items()],
         "kind_ms": kind_times(fused, kernel_ms, calls),
+        "kernels_with_tuned_schedule": "{}/{}".format(*scheduled_kernel_count(tuned)),
     }
     return tuned, report
 

@@ -1,0 +1,427 @@
+"""Run the benchmark suite: `korch-tvm bench` on every model, then one JSON and one table.
+
+    .venv/bin/python bench/run_suite.py                 # the suite but YOLOv4 (or: make bench)
+    .venv/bin/python bench/run_suite.py --models bert_layer,candy --trials 64
+    .venv/bin/python bench/run_suite.py --aggregate-only  # rebuild llvm.json / llvm.md
+    .venv/bin/python bench/run_suite.py --retime          # time the kept libraries again
+    .venv/bin/python bench/run_suite.py --prune-study bert_layer,candy \
+        --cost-model tuning_logs/llvm-znver4-2c
+
+Each model runs in its own `korch-tvm bench` process (stock and Korch compiled cold then warm
+with the same trial budget into the same tuning-log directory, then timed interleaved with ONNX
+Runtime); its full result goes to `bench/results/<target>/<model>.json` and its log beside it;
+the full compile reports and libraries are kept in `<tuning-logs>/reports/`.
+The aggregate is `bench/results/<target>.json` and `bench/results/<target>.md`.
+
+The machine's bandwidth and matmul peak come from `bench/floor.py` (run first when
+`bench/results/machine.json` is missing).
+
+The prune study compiles a model with Korch three times at zero trials: pruned (default margin)
+on a fresh log, unpruned (margin = inf, every candidate costed) on another fresh log, and pruned
+again on the unpruned run's log. The last one's plan is costed from the very same measurements
+as the unpruned plan, so their modelled costs compare plan quality alone; the first two compare
+costing time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, os.path.join(ROOT, "python"))
+
+from korch_tvm import bench  # noqa: E402  (TVM is imported only inside its functions)
+
+# name, file, trials per compile (stock and Korch each), time budget of the costing stage (s)
+SUITE = [
+    ("bert_layer", "bench/models/bert_layer.onnx", 128, None),
+    ("yolox_nano", "bench/models/yolox_nano.onnx", 128, None),
+    ("efficientvit_b0", "bench/models/efficientvit_b0.onnx", 128, None),
+    ("candy", "bench/models/candy.onnx", 128, None),
+    ("segformer_b0", "bench/models/segformer_b0.onnx", 128, 900),
+    ("yolov4", "bench/models/yolov4.onnx", 128, 900),
+]
+# Run only when named in --models: over an hour on a 2-core machine.
+OPT_IN = {"yolov4"}
+DISPLAY = {"bert_layer": "BERT layer", "yolox_nano": "YOLOX-nano",
+           "efficientvit_b0": "EfficientViT-b0", "candy": "Candy", "segformer_b0": "SegFormer-b0",
+           "yolov4": "YOLOv4", "bert_layer_demo": "BERT layer (demo)"}
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--models", default=None,
+                        help="comma-separated subset of: " + ", ".join(m[0] for m in SUITE))
+    parser.add_argument("--skip", default="", help="comma-separated models to leave out")
+    parser.add_argument("--trials", type=int, default=None, help="override every model's budget")
+    parser.add_argument("--target", default="llvm")
+    parser.add_argument("--tuning-logs", default=os.path.join(HERE, ".suite-logs"),
+                        help="log directory of the suite (default bench/.suite-logs, not "
+                             "committed: the suite's logs are ~130 MB; tuning_logs/ holds the "
+                             "shipped ones)")
+    parser.add_argument("--out", default=os.path.join(HERE, "results"))
+    parser.add_argument("--repeat", type=int, default=30)
+    parser.add_argument("--aggregate-only", action="store_true")
+    parser.add_argument("--retime", action="store_true",
+                        help="time every model of an earlier run again, from the libraries it "
+                             "kept (no compiles; earlier timings stay in each JSON)")
+    parser.add_argument("--prune-study", default=None, metavar="MODELS",
+                        help="only run the pruned-vs-unpruned study on these models")
+    parser.add_argument("--cost-model", metavar="DIR", default=None,
+                        help="prune study: copy the trained cost model of this log directory "
+                             "(e.g. tuning_logs/llvm-znver4-2c) into each fresh log, so pruning "
+                             "uses it instead of the analytic estimate")
+    parser.add_argument("--skipped-reason", action="append", default=[], metavar="MODEL=WHY",
+                        help="record why a model is not in this run (shown in the table)")
+    args = parser.parse_args(argv)
+
+    os.environ.setdefault("TVM_NUM_THREADS", str(len(os.sched_getaffinity(0))))
+    machine_path = os.path.join(args.out, "machine.json")
+    if args.prune_study:
+        return prune_study(args.prune_study.split(","), args)
+    per_model_dir = os.path.join(args.out, args.target)
+    os.makedirs(per_model_dir, exist_ok=True)
+    if args.retime:
+        wanted = args.models.split(",") if args.models else [m[0] for m in SUITE]
+        for name, path, _, _ in SUITE:
+            if name in wanted and os.path.exists(os.path.join(per_model_dir, f"{name}.json")):
+                retime_model(name, path, args, per_model_dir, machine_path)
+    elif not args.aggregate_only:
+        if not os.path.exists(machine_path):
+            subprocess.run([sys.executable, os.path.join(HERE, "floor.py"), "--out",
+                            machine_path], check=True)
+        wanted = (set(args.models.split(",")) if args.models
+                  else {m[0] for m in SUITE} - OPT_IN)
+        wanted -= set(filter(None, args.skip.split(",")))
+        for name, path, trials, budget in SUITE:
+            if name in wanted:
+                run_model(name, path, args.trials or trials, budget, args, per_model_dir,
+                          machine_path)
+    skipped = dict(item.split("=", 1) for item in args.skipped_reason)
+    aggregate(per_model_dir, os.path.join(args.out, args.target), skipped,
+              bench._load_json(machine_path) if os.path.exists(machine_path) else None)
+    return 0
+
+
+def run_model(name, path, trials, budget, args, per_model_dir, machine_path) -> None:
+    out_json = os.path.join(per_model_dir, f"{name}.json")
+    log_path = os.path.join(per_model_dir, f"{name}.log")
+    command = [os.path.join(os.path.dirname(sys.executable), "korch-tvm"), "bench",
+               os.path.join(ROOT, path), "--target", args.target, "--tuning-logs",
+               args.tuning_logs, "--trials", str(trials), "--json", out_json, "--machine",
+               machine_path, "--repeat", str(args.repeat), "--reports-dir",
+               os.path.join(args.tuning_logs, "reports")]
+    if budget:
+        command += ["--time-budget", str(budget)]
+    print(f"[suite] {name}: {' '.join(command)}", flush=True)
+    started = time.perf_counter()
+    with open(log_path, "w", encoding="utf-8") as log:
+        process = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT)
+    seconds = time.perf_counter() - started
+    if process.returncode != 0:
+        print(f"[suite] {name} FAILED (exit {process.returncode}); see {log_path}", flush=True)
+        with open(out_json + ".failed", "w", encoding="utf-8") as handle:
+            json.dump({"model": name, "exit": process.returncode, "seconds": seconds}, handle)
+        return
+    with open(out_json, encoding="utf-8") as handle:
+        result = json.load(handle)
+    result["suite_seconds"] = round(seconds, 1)
+    result["command"] = " ".join(os.path.relpath(c, ROOT) if c.startswith(ROOT) else c
+                                 for c in command)
+    bench.write_json(out_json, result)
+    print(f"[suite] {name} done in {seconds:.0f} s", flush=True)
+
+
+def retime_model(name, path, args, per_model_dir, machine_path) -> None:
+    out_json = os.path.join(per_model_dir, f"{name}.json")
+    command = [os.path.join(os.path.dirname(sys.executable), "korch-tvm"), "bench",
+               os.path.join(ROOT, path), "--retime", out_json, "--reports-dir",
+               os.path.join(args.tuning_logs, "reports"), "--json", out_json, "--machine",
+               machine_path, "--repeat", str(args.repeat)]
+    print(f"[suite] retime {name}", flush=True)
+    with open(os.path.join(per_model_dir, f"{name}.retime.log"), "w", encoding="utf-8") as log:
+        subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, check=True)
+
+
+# ----------------------------------------------------------------------------- aggregation
+def _fmt(value, digits=2, suffix=""):
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        return "–"
+    return f"{value:.{digits}f}{suffix}"
+
+
+def aggregate(per_model_dir: str, stem: str, skipped: dict, machine: dict | None = None) -> dict:
+    """Per-model results -> `<stem>.json` and `<stem>.md`; floors recomputed from `machine`."""
+    rows = []
+    order = [m[0] for m in SUITE]
+    files = sorted((f for f in os.listdir(per_model_dir) if f.endswith(".json")),
+                   key=lambda f: (order.index(f[:-5]) if f[:-5] in order else 99, f))
+    failed = [f[:-12] for f in os.listdir(per_model_dir) if f.endswith(".json.failed")]
+    for file in files:
+        with open(os.path.join(per_model_dir, file), encoding="utf-8") as handle:
+            result = json.load(handle)
+        if machine:  # one machine measurement for every model, whenever each ran
+            result["floor"] = bench.floor_report(
+                result["work"], machine,
+                {name: stats["median"] for name, stats in result["latency_ms"].items()})
+        rows.append(model_row(file[:-5], result))
+    ratios = [r["korch_vs_stock"] for r in rows]
+    ort = [r["korch_vs_ort"] for r in rows if r["korch_vs_ort"] is not None]
+    summary = {
+        "models": rows,
+        "geomean_korch_vs_stock": bench.geomean(ratios),
+        "geomean_korch_vs_ort": bench.geomean(ort) if ort else None,
+        "min_korch_vs_stock": min(ratios) if ratios else None,
+        "failed": failed,
+        "skipped": skipped,
+    }
+    if rows:
+        first = rows[0]["raw"]
+        summary.update({"machine": first["machine"], "tvm_version": first["tvm_version"],
+                        "onnxruntime_version": first["onnxruntime_version"],
+                        "target": first["target"], "target_tag": first["target_tag"],
+                        "threads": first["threads"], "dates": sorted({r["raw"]["date"][:10]
+                                                                      for r in rows}),
+                        "suite_seconds": round(sum(r["raw"].get("suite_seconds", 0)
+                                                   for r in rows), 1)})
+    summary["code"] = code_version()
+    if machine:
+        summary["machine_peaks"] = {
+            "peak_gflops": round((machine.get("peak_flops") or machine["matmul_peak_flops"])
+                                 / 1e9, 1),
+            "numpy_sgemm_gflops": round(machine["matmul_peak_flops"] / 1e9, 1),
+            "bandwidth_gb_per_s": round(machine["bandwidth_bytes_per_s"] / 1e9, 1),
+            "measured": machine.get("date")}
+    for row in rows:
+        del row["raw"]
+    bench.write_json(stem + ".json", summary)
+    with open(stem + ".md", "w", encoding="utf-8") as handle:
+        handle.write(markdown(summary))
+    print(markdown(summary))
+    return summary
+
+
+def code_version() -> dict:
+    """Which korch_tvm the runs used: the repository's HEAD, or a snapshot on PYTHONPATH."""
+    try:
+        head = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"],
+                              capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        head = None
+    return {"repository_head_when_aggregated": head,
+            "pythonpath": os.environ.get("PYTHONPATH"),
+            "note": os.environ.get("KORCH_BENCH_CODE_NOTE")}
+
+
+def model_row(name: str, result: dict) -> dict:
+    lat = result["latency_ms"]
+    ratios = result["ratios"]
+    korch = result["compile"]["korch"]
+    stock = result["compile"]["stock"]
+    plan = result.get("korch_plan") or {}
+    warm_k, warm_s = korch.get("warm", {}), stock.get("warm", {})
+    floor = result.get("floor") or {}
+    kvo = ratios.get("korch_vs_onnxruntime")
+    verification = (warm_k or korch["cold"]).get("verification") or {}
+    return {
+        "model": name,
+        "stock_ms": lat["stock"], "korch_ms": lat["korch"],
+        "ort_ms": lat.get("onnxruntime"),
+        "korch_vs_stock": ratios["korch_vs_stock"]["ratio"],
+        "korch_vs_stock_p10_p90": [ratios["korch_vs_stock"]["p10"],
+                                   ratios["korch_vs_stock"]["p90"]],
+        "korch_vs_stock_verdict": ratios["korch_vs_stock"]["verdict"],
+        "korch_vs_ort": kvo["ratio"] if kvo else None,
+        "korch_vs_ort_p10_p90": [kvo["p10"], kvo["p90"]] if kvo else None,
+        "korch_vs_ort_verdict": kvo["verdict"] if kvo else None,
+        "compile_cold_s": {"stock": stock["cold"]["compile_seconds"],
+                           "korch": korch["cold"]["compile_seconds"]},
+        "compile_warm_s": {"stock": warm_s.get("compile_seconds"),
+                           "korch": warm_k.get("compile_seconds")},
+        "compile_peak_mb": {"stock": max(p["peak_rss_mb"] for p in stock.values()),
+                            "korch": max(p["peak_rss_mb"] for p in korch.values())},
+        "inference_peak_mb": result.get("inference_memory_mb"),
+        "trials_budget": result["trials_budget"],
+        "trials_run_cold": {"stock": stock["cold"]["trials_run"],
+                            "korch": korch["cold"]["trials_run"]},
+        "trials_run_warm": {"stock": warm_s.get("trials_run"), "korch": warm_k.get("trials_run")},
+        "from_log_cold": {"stock": stock["cold"]["tuning"].get("from_log"),
+                          "korch": korch["cold"]["tuning"].get("from_log")},
+        "candidates": plan.get("candidates"), "distinct_kernels": plan.get("distinct_kernels"),
+        "pruned": plan.get("pruned"), "kernels_chosen": plan.get("kernels_chosen"),
+        "stock_kernel_calls": (warm_s or stock["cold"]).get("kernel_calls"),
+        "solver_status": plan.get("solver_status"), "solver_gap": plan.get("max_gap"),
+        "korch_modelled_ms": plan.get("modelled_ms"),
+        "stock_modelled_ms": (warm_s or stock["cold"]).get("modelled_ms"),
+        "verification_rel_error": verification.get("max_rel_error"),
+        "floor_ms": floor.get("ms"), "floor_bound": floor.get("bound"),
+        "latency_over_floor": floor.get("latency_over_floor"),
+        "linear_gflops": result["work"]["linear_flops"] / 1e9,
+        "min_mb": result["work"]["min_bytes"] / 2 ** 20,
+        "suite_seconds": result.get("suite_seconds"),
+        "earlier_timings": [
+            {"date": t.get("date"),
+             "korch_vs_stock": t["ratios"]["korch_vs_stock"]["ratio"],
+             "korch_vs_ort": (t["ratios"].get("korch_vs_onnxruntime") or {}).get("ratio")}
+            for t in result.get("earlier_timings", [])],
+        "raw": result,
+    }
+
+
+def markdown(summary: dict) -> str:
+    rows = summary["models"]
+    machine = summary.get("machine", {})
+    out = []
+    if rows:
+        out.append(f"Machine: {machine.get('cpu')}, {machine.get('cores')} cores, "
+                   f"{machine.get('memory_gb')} GB, {machine.get('os')}; TVM "
+                   f"{summary.get('tvm_version')}, ONNX Runtime "
+                   f"{summary.get('onnxruntime_version')}; "
+                   f"target `{summary.get('target_tag')}`, {summary.get('threads')} threads; "
+                   f"date {', '.join(summary.get('dates', []))}; suite wall time "
+                   f"{summary.get('suite_seconds', 0) / 60:.0f} min.")
+        peaks = summary.get("machine_peaks")
+        if peaks:
+            out.append(f"Floor inputs (bench/floor.py): float32 FMA peak {peaks['peak_gflops']} "
+                       f"GFLOP/s (numpy sgemm {peaks['numpy_sgemm_gflops']}), memory bandwidth "
+                       f"{peaks['bandwidth_gb_per_s']} GB/s.")
+        out.append("")
+    out.append("| model | stock ms | Korch ms | ORT ms | Korch/stock | Korch/ORT | floor ms | "
+               "Korch/floor | compile cold s (stock / Korch) | warm s (stock / Korch) | "
+               "peak compile MB (stock / Korch) | inference MB (stock / Korch / ORT) | "
+               "trials | candidates (distinct, pruned) | kernels (Korch / stock) | "
+               "solver gap | verify err |")
+    out.append("|" + "---|" * 17)
+    for r in rows:
+        mem = r.get("inference_peak_mb") or {}
+        lof = (r.get("latency_over_floor") or {}).get("korch")
+        out.append(
+            f"| {DISPLAY.get(r['model'], r['model'])} "
+            f"| {_fmt(r['stock_ms']['median'], 3)} ±{_spread(r['stock_ms'])} "
+            f"| {_fmt(r['korch_ms']['median'], 3)} ±{_spread(r['korch_ms'])} "
+            f"| {_fmt(r['ort_ms']['median'], 3) if r['ort_ms'] else '–'} "
+            "| " + _ratio(r['korch_vs_stock'], r['korch_vs_stock_p10_p90'],
+                          r['korch_vs_stock_verdict']) + " "
+            f"| {_ratio(r['korch_vs_ort'], r['korch_vs_ort_p10_p90'], r['korch_vs_ort_verdict'])} "
+            f"| {_fmt(r['floor_ms'], 3)} ({r['floor_bound'] or '–'}) | {_fmt(lof, 1, '×')} "
+            f"| {_fmt(r['compile_cold_s']['stock'], 0)} / {_fmt(r['compile_cold_s']['korch'], 0)} "
+            f"| {_fmt(r['compile_warm_s']['stock'], 1)} / {_fmt(r['compile_warm_s']['korch'], 1)} "
+            f"| {_fmt(r['compile_peak_mb']['stock'], 0)} / "
+            f"{_fmt(r['compile_peak_mb']['korch'], 0)} "
+            f"| {_fmt(mem.get('stock'), 0)} / {_fmt(mem.get('korch'), 0)} / "
+            f"{_fmt(mem.get('onnxruntime'), 0)} "
+            f"| {r['trials_budget']} ({r['trials_run_cold']['stock']} / "
+            f"{r['trials_run_cold']['korch']} run) "
+            f"| {r['candidates']} ({r['distinct_kernels']}, {r['pruned']}) "
+            f"| {r['kernels_chosen']} / {r['stock_kernel_calls']} "
+            f"| {_fmt(r['solver_gap'], 4)} ({r['solver_status']}) "
+            f"| {_fmt_sci(r['verification_rel_error'])} |")
+    out.append("")
+    out.append(f"Geomean Korch/stock: **{_fmt(summary['geomean_korch_vs_stock'], 2, '×')}** "
+               f"(lowest {_fmt(summary['min_korch_vs_stock'], 2, '×')}); geomean Korch/ORT: "
+               f"**{_fmt(summary['geomean_korch_vs_ort'], 2, '×')}**. Ratios are speed-ups "
+               "(> 1: Korch faster); in brackets the p10–p90 of the per-round paired ratio; "
+               "'≈' marks a difference inside that spread. ± is (p90 − p10) / 2 of the "
+               "samples.\n")
+    earlier = [r for r in rows if r.get("earlier_timings")]
+    if earlier:
+        out.append("Earlier timings of the same libraries (first right after the compiles, then "
+                   "one re-time), whose samples averaged more back-to-back calls for the faster "
+                   "runtime; the table above gives every runtime the same calls per sample:\n")
+        out.append("| model | Korch/stock, earlier → final | Korch/ORT, earlier → final |")
+        out.append("|---|---|---|")
+        for r in earlier:
+            stock = ", ".join(_fmt(t["korch_vs_stock"], 2) for t in r["earlier_timings"])
+            ort = ", ".join(_fmt(t["korch_vs_ort"], 2) for t in r["earlier_timings"])
+            out.append(f"| {DISPLAY.get(r['model'], r['model'])} | {stock} → "
+                       f"{_fmt(r['korch_vs_stock'], 2)} | {ort} → {_fmt(r['korch_vs_ort'], 2)} |")
+        out.append("")
+    for name in summary.get("failed", []):
+        if name not in summary.get("skipped", {}):  # else the reason given says more
+            out.append(f"- {DISPLAY.get(name, name)}: the run failed (see its .log).")
+    for name, why in summary.get("skipped", {}).items():
+        out.append(f"- {DISPLAY.get(name, name)}: {why}")
+    return "\n".join(out) + "\n"
+
+
+def _spread(stats: dict) -> str:
+    return _fmt((stats["p90"] - stats["p10"]) / 2, 3)
+
+
+def _ratio(value, p10_p90, verdict) -> str:
+    if value is None:
+        return "–"
+    mark = "≈" if verdict == "within noise" else ""
+    return f"{mark}{value:.2f}× [{p10_p90[0]:.2f}–{p10_p90[1]:.2f}]"
+
+
+def _fmt_sci(value) -> str:
+    return "–" if value is None else f"{value:.1e}"
+
+
+# ----------------------------------------------------------------------------- prune study
+def prune_study(models, args) -> int:
+    results = {}
+    paths = {m[0]: m[1] for m in SUITE}
+    paths["bert_layer_demo"] = "models/bert_layer.onnx"
+    for name in models:
+        model = os.path.join(ROOT, paths[name])
+        scratch = tempfile.mkdtemp(prefix=f"korch-prune-{name}-")
+        runs = {}
+        if args.cost_model:
+            for log in ("a", "b"):
+                directory = os.path.join(scratch, log, os.path.basename(
+                    os.path.normpath(args.cost_model)))
+                os.makedirs(directory, exist_ok=True)
+                for file in os.listdir(args.cost_model):
+                    if file.startswith("cost_model"):
+                        shutil.copy(os.path.join(args.cost_model, file), directory)
+        for label, margin, log in (("pruned", None, "a"), ("full", float("inf"), "b"),
+                                   ("pruned_on_full_log", None, "b")):
+            task = {"kind": "compile", "model": model, "target": args.target, "korch": True,
+                    "tuning_logs": os.path.join(scratch, log), "trials": 0, "time_budget": None,
+                    "verify": False, "input_shapes": None, "threads": None, "library": None,
+                    "prune_margin": margin}
+            print(f"[prune] {name}: {label} ...", flush=True)
+            report = bench._child(task)["report"]
+            stages = report["stage_seconds"]
+            runs[label] = {
+                "costing_seconds": round(stages.get("prediction", 0) + stages.get("measurement", 0)
+                                         + stages.get("tuning", 0), 3),
+                "compile_seconds": report["compile_seconds"],
+                "modelled_ms": report["modelled_ms"],
+                "candidates": report["plan"]["candidates"],
+                "pruned": report["plan"]["pruned"],
+                "distinct_kernels_costed": report["tuning"]["kernels"],
+                "measured": report["tuning"]["measured"],
+                "solver_status": report["plan"]["solver_status"],
+            }
+            print(f"[prune]   {runs[label]}", flush=True)
+        shutil.rmtree(scratch, ignore_errors=True)
+        full, pruned, same_log = runs["full"], runs["pruned"], runs["pruned_on_full_log"]
+        results[name] = {
+            **runs,
+            "plan_cost_ratio": same_log["modelled_ms"] / full["modelled_ms"],
+            "costing_time_ratio": pruned["costing_seconds"] / full["costing_seconds"],
+        }
+    out = os.path.join(args.out, f"{args.target}-prune-study.json")
+    results = {"predictor": ("cost model copied from " + os.path.relpath(args.cost_model, ROOT))
+               if args.cost_model else "analytic estimate (fresh logs hold no cost model)",
+               "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "code": code_version(),
+               "models": results}
+    bench.write_json(out, results)
+    print(json.dumps(results, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
