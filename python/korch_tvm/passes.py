@@ -22,6 +22,7 @@ from .costing import (default_schedule_costs, measure_costs, open_tuning_log, su
                       tune_costs)
 from .fission import lower_to_primitives, lowering_stats
 from .gpu_rules import rules_for_target
+from .kernel_kinds import plan_kind_times
 from .kernels import distinct_kernels
 from .orchestration import solve_orchestration
 from .partition import partition_graph
@@ -177,6 +178,7 @@ def rewrite_plan(plan: KorchPlan):
     report["stage_seconds"] = {**plan.stage_seconds,
                                "rewrite": round(time.perf_counter() - rewrite_started, 3)}
     report["modelled_ms"] = report["plan"]["modelled_ms"]
+    report["kind_ms"] = plan_kind_times(optimized, report["plan"])  # conv 1x1 / matmul / ...
     return optimized, report
 
 

@@ -20,8 +20,17 @@ from .orchestration import KernelChoice, OrchestrationProblem, Plan
 _OPAQUE_COST = 0.0
 
 
-def _kernel_seconds(key: str | None, costs: Mapping[str, object]) -> float:
-    return _OPAQUE_COST if key is None else float(costs[key].seconds)
+# A stock FuseOps group that could not be measured (failed or timed out in an earlier run) still
+# stands in the program at this price, so the stock plan stays feasible and any plan avoiding
+# the kernel wins; a kernel that truly cannot build fails the stock build the same way.
+_UNMEASURABLE_STOCK_COST = 1e3
+
+
+def _kernel_seconds(key: str | None, costs: Mapping[str, object], is_stock: bool = False) -> float:
+    if key is None:
+        return _OPAQUE_COST
+    seconds = float(costs[key].seconds)
+    return _UNMEASURABLE_STOCK_COST if is_stock and not math.isfinite(seconds) else seconds
 
 
 @dataclass(frozen=True)
@@ -60,7 +69,8 @@ def orchestration_problems(graph, pieces: Sequence[frozenset[int]], candidates, 
             KernelChoice(nodes=candidates[i].nodes,
                          inputs=frozenset(candidates[i].inputs) & piece,
                          outputs=frozenset(candidates[i].outputs),
-                         cost=_kernel_seconds(key_of_candidate[i], costs))
+                         cost=_kernel_seconds(key_of_candidate[i], costs,
+                                              candidates[i].is_stock))
             for i in ids)
         stock = tuple(local for local, i in enumerate(ids) if candidates[i].is_stock)
         if sorted(node for local in stock for node in choices[local].nodes) != sorted(piece):

@@ -31,6 +31,11 @@ def summary_lines(report: dict) -> list[str]:
             lines.append(f"  opaque ops kept as in the stock path: {', '.join(plan['opaque_ops'])}")
     elif report.get("modelled_ms") is not None:
         lines.append(f"  modelled latency (sum of kernel costs): {report['modelled_ms']:.3f} ms")
+    kinds = report.get("kind_ms")
+    if kinds:
+        lines.append("  modelled time by kernel kind: " + ", ".join(
+            f"{kind} {ms:.3f} ms" for kind, ms in sorted(kinds.items(), key=lambda kv: -kv[1])
+            if ms > 0))
     latency = report.get("latency_ms")
     if latency:
         lines.append(f"  measured latency: median {latency['median']:.3f} ms "
