@@ -40,3 +40,17 @@ def tiny_onnx_path(tmp_path):
     path = tmp_path / "tiny.onnx"
     onnx.save(make_tiny_onnx(), str(path))
     return path
+
+
+@pytest.fixture(autouse=True)
+def _fresh_korch_logging():
+    """A CLI run in-process configures the `korch_tvm` loggers for a terminal; undo that after
+    each test so no test sees another's handlers or levels."""
+    import logging
+
+    yield
+    for name in ("korch_tvm", "korch_tvm.metaschedule"):
+        logger = logging.getLogger(name)
+        logger.handlers[:] = [h for h in logger.handlers if isinstance(h, logging.NullHandler)]
+        logger.setLevel(logging.NOTSET)
+        logger.propagate = True

@@ -48,7 +48,7 @@ metaschedule_logger.addHandler(logging.NullHandler())
 
 MIN_TRIALS_PER_TASK = 4
 # With a time budget, kernels are measured/tuned in groups so the budget is checked between them.
-MEASURE_GROUP = 16
+MEASURE_GROUP = 64
 TUNE_GROUP = 4
 INITIAL_SECONDS_PER_TRIAL = 0.5  # first guess, replaced by the observed rate
 DEFAULT_RUNNER_TIMEOUT = 30.0  # MetaSchedule's LocalRunner default, when a runner does not say
@@ -113,17 +113,19 @@ def metaschedule_logs_routed() -> None:
         source.propagate, source.level = propagate, level
 
 
-_CTRL_C = threading.Event()
+_CTRL_C = threading.Event()  # stop requested (first Ctrl-C)
+_ABORT = threading.Event()  # stop at once (second Ctrl-C): the batch in flight is not recorded
 
 
 @contextmanager
 def _ctrl_c_kept():
-    """Keep Ctrl-C an interrupt while MetaSchedule runs.
+    """Stop cleanly on Ctrl-C while MetaSchedule runs: after the current batch, records kept.
 
-    MetaSchedule calls Python (builder, runner) from C++, and a KeyboardInterrupt raised in such
-    a callback comes back as a plain RuntimeError, which the fallbacks below would swallow (and
-    tune on). So Ctrl-C is also remembered here, and `_raise_if_interrupted` turns it back into
-    KeyboardInterrupt; the records already committed stay in the log.
+    MetaSchedule calls Python (builder, runner) from C++. Raising KeyboardInterrupt inside such
+    a callback comes back as a plain RuntimeError, and under load it crashed TVM's worker pools
+    (a segfault instead of exit 130). So the first Ctrl-C only asks to stop: the batch in flight
+    finishes, its records are written, and the next check (`_raise_if_interrupted`, between
+    batches) raises KeyboardInterrupt. A second Ctrl-C stops at once.
     """
     if (threading.current_thread() is not threading.main_thread()
             or signal.getsignal(signal.SIGINT) is not signal.default_int_handler):
@@ -131,10 +133,15 @@ def _ctrl_c_kept():
         return
 
     def remember(signum, frame):
+        if _CTRL_C.is_set():
+            _ABORT.set()
+            raise KeyboardInterrupt
         _CTRL_C.set()
-        raise KeyboardInterrupt
+        logger.warning("stopping after the current batch; its records are kept "
+                       "(Ctrl-C again to stop at once)")
 
     _CTRL_C.clear()
+    _ABORT.clear()
     signal.signal(signal.SIGINT, remember)
     try:
         yield
@@ -393,8 +400,9 @@ def _measure_defaults(names, kernels, target, tuning_log, builder, runner, deadl
     from tvm.s_tir import meta_schedule as ms
 
     costs = {}
-    group = len(names) if math.isinf(deadline) else MEASURE_GROUP
+    group = MEASURE_GROUP  # also the points where Ctrl-C and the deadline are checked
     for start in range(0, len(names), max(1, group)):
+        _raise_if_interrupted()
         if time.perf_counter() >= deadline:
             break
         chunk = names[start:start + group]
@@ -432,7 +440,8 @@ def _measure_defaults(names, kernels, target, tuning_log, builder, runner, deadl
                 results[name] = (None, "run failed: " + _first_line(outcome.error_msg or "no time"))
             else:
                 results[name] = ([float(s) for s in outcome.run_secs], None)
-        _raise_if_interrupted()  # an interrupted run is no failure to record
+        if _ABORT.is_set():  # an aborted run is no failure to record
+            _raise_if_interrupted()
         for name in chunk:
             run_secs, error = results[name]
             trace = schedules[name][1] if schedules.get(name) is not None else None
@@ -457,10 +466,11 @@ def _timeout_seconds(runner) -> float:
 
 def _tune(names, kernels, target, tuning_log, builder, runner, per_task, deadline, bar, seed):
     """MetaSchedule tuning, `per_task` trials each, in groups that the deadline can stop."""
-    group = len(names) if math.isinf(deadline) else TUNE_GROUP
+    group = TUNE_GROUP  # also the points where Ctrl-C and the deadline are checked
     seconds_per_trial = INITIAL_SECONDS_PER_TRIAL
     costs = {}
     for start in range(0, len(names), max(1, group)):
+        _raise_if_interrupted()
         chunk = names[start:start + group]
         remaining = deadline - time.perf_counter()
         if remaining < seconds_per_trial * per_task * len(chunk):
