@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 
 @dataclass(frozen=True)
@@ -30,7 +30,6 @@ class KorchConfig:
     rpc_key: str | None = None
     progress: bool | None = None
     seed: int = 0
-    extra: dict = field(default_factory=dict)
 
     def with_changes(self, **changes) -> "KorchConfig":
         return replace(self, **changes)

@@ -42,9 +42,7 @@ def random_inputs(shapes: Mapping[str, Sequence[int]], dtypes: Mapping[str, str]
         dtype = np.dtype(dtypes.get(name, "float32"))
         if dtype.kind == "f":
             inputs[name] = rng.standard_normal(shape).astype(dtype)
-        elif dtype.kind == "b":
-            inputs[name] = rng.integers(0, 2, shape).astype(dtype)
-        else:
+        else:  # integers and booleans: 0 or 1, valid as indices and as masks
             inputs[name] = rng.integers(0, 2, shape).astype(dtype)
     return inputs
 
