@@ -31,7 +31,7 @@ import shutil
 import tvm
 from tvm import relax
 
-from .errors import KorchError
+from .errors import KorchError, error_summary
 
 logger = logging.getLogger("korch_tvm.cuda")
 
@@ -135,7 +135,7 @@ def _dlight_schedule(func, target):
             try:
                 space = rule.apply(func, target, False)
             except Exception as err:  # noqa: BLE001 - a rule that cannot handle it: next one
-                logger.debug("dlight %s failed: %s", type(rule).__name__, _last_line(str(err)))
+                logger.debug("dlight %s failed: %s", type(rule).__name__, error_summary(str(err)))
                 continue
             if space is None:
                 continue
@@ -200,7 +200,7 @@ def build(mod: tvm.IRModule, target):
     except Exception as err:  # noqa: BLE001
         text = str(err)
         if is_cuda(target) and ("nvrtc" in text.lower() or "nvcc" in text.lower()):
-            raise KorchError("cannot compile the CUDA kernels: " + _last_line(text) +
+            raise KorchError("cannot compile the CUDA kernels: " + error_summary(text) +
                              " (install cuda-bindings for NVRTC, or put nvcc on PATH)") from None
         raise
 
@@ -255,13 +255,7 @@ def check_device_code(executable, target) -> dict:
                 arch=["-gencode", f"arch=compute_{suffix},code=sm_{suffix}"])
     except Exception as err:  # noqa: BLE001
         raise KorchError(f"nvcc rejects the generated CUDA code for {arch}: "
-                         + _last_line(str(err))) from None
+                         + error_summary(str(err))) from None
     return {"stage": "compiled", "kernels": kernels, "cubin_bytes": len(binary),
             "message": f"{kernels} kernels compiled by nvcc for {arch}; not run: "
                        + (no_device_reason(target) or "")}
-
-
-def _last_line(text: str) -> str:
-    lines = [line.strip() for line in text.splitlines() if line.strip()]
-    useful = [line for line in lines if "rror" in line] or lines
-    return (useful[-1] if useful else "unknown error")[:300]

@@ -28,6 +28,7 @@ from typing import Literal
 import tvm
 import tvm_ffi
 
+from .errors import error_summary
 from .metaschedule_setup import (
     evaluator_config,
     evaluator_for_target,
@@ -422,7 +423,7 @@ def _measure_defaults(names, kernels, target, tuning_log, builder, runner, deadl
             if name in failed_schedules:
                 result = ms.builder.BuilderResult(None, failed_schedules[name])
             if result.error_msg is not None:
-                results[name] = (None, "build failed: " + _first_line(result.error_msg))
+                results[name] = (None, "build failed: " + error_summary(result.error_msg))
             else:
                 args = ms.arg_info.ArgInfo.from_prim_func(kernels[name]["main"])
                 to_run.append((name, ms.runner.RunnerInput(result.artifact_path,
@@ -437,7 +438,7 @@ def _measure_defaults(names, kernels, target, tuning_log, builder, runner, deadl
                 logger.warning("kernel %s timed out in the runner; costed at its time-out "
                                "(%.0f s, a lower bound)", name, _timeout_seconds(runner))
             elif outcome.error_msg is not None or not outcome.run_secs:
-                results[name] = (None, "run failed: " + _first_line(outcome.error_msg or "no time"))
+                results[name] = (None, "run failed: " + error_summary(outcome.error_msg or "no time"))
             else:
                 results[name] = ([float(s) for s in outcome.run_secs], None)
         if _ABORT.is_set():  # an aborted run is no failure to record
@@ -517,8 +518,8 @@ def _tune_group(names, kernels, target, tuning_log, builder, runner, per_task, s
         _raise_if_interrupted()
         if len(names) == 1:
             logger.warning("tuning %s failed; keeping its default schedule: %s", names[0],
-                           _first_line(str(err)))
-            return {names[0]: "tuning failed: " + _first_line(str(err))}
+                           error_summary(str(err)))
+            return {names[0]: "tuning failed: " + error_summary(str(err))}
     errors = {}
     for name in names:
         errors.update(_tune_group([name], kernels, target, tuning_log, builder, runner, per_task,
@@ -539,11 +540,5 @@ def _safe_predict(predict: Predictor, kernel_mod: tvm.IRModule, target) -> float
     try:
         return float(predict(kernel_mod))
     except Exception as err:  # noqa: BLE001
-        logger.warning("cost model failed (%s); using the analytic estimate", _first_line(str(err)))
+        logger.warning("cost model failed (%s); using the analytic estimate", error_summary(str(err)))
         return analytic_estimate(kernel_mod, target)
-
-
-def _first_line(text: str) -> str:
-    lines = [line.strip() for line in str(text).splitlines() if line.strip()]
-    useful = [line for line in lines if "Error" in line or "error" in line] or lines
-    return (useful[-1] if useful else "unknown error")[:300]
