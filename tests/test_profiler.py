@@ -11,7 +11,7 @@ from tvm import relax
 from tvm.s_tir import meta_schedule as ms
 from tvm.script import tirx as T
 
-from korch_tvm.profiler import KernelCost, profile_kernels, rpc_runner
+from korch_tvm.profiler import FAILED_ATTEMPTS_KEPT, KernelCost, profile_kernels, rpc_runner
 from korch_tvm.target import parse_target
 from korch_tvm.tuning_log import TuningLog
 
@@ -79,9 +79,24 @@ def test_broken_kernel_costs_infinity_and_never_crashes(tmp_path, caplog):
     assert "run failed" in costs["broken"].error
     assert any("broken" in r.getMessage() for r in caplog.records)
     assert costs["add"].source == "measured" and math.isfinite(costs["add"].seconds)
-    # the failure is remembered: a second run, even one asked to tune, does no work for it
+    # one failure may be a fluke: the next run measures it again and records a second failure
+    retried = profile_kernels(kernels, TARGET, TuningLog(tmp_path, TARGET), trials=0,
+                              progress=False)
+    assert retried["broken"].source == "failed" and retried["add"].source == "log"
+    assert TuningLog(tmp_path, TARGET).record_count(BROKEN) == FAILED_ATTEMPTS_KEPT == 2
+    # then it is settled: a further run, even one asked to tune, does no work for it
     again = profile_kernels(kernels, TARGET, TuningLog(tmp_path, TARGET), trials=4, progress=False)
     assert again["broken"] == KernelCost(math.inf, "log", 0, "every logged measurement failed")
+    assert TuningLog(tmp_path, TARGET).record_count(BROKEN) == 2
+
+
+def test_a_retried_kernel_that_succeeds_keeps_its_measured_default(tmp_path):
+    kernel = legalized_kernels(16)["add"]
+    log = TuningLog(tmp_path, TARGET)
+    log.commit_run(kernel, None)  # an earlier run failed (say, a busy machine)
+    costs = profile_kernels({"add": kernel}, TARGET, log, trials=0, progress=False)
+    assert costs["add"].source == "measured" and math.isfinite(costs["add"].seconds)
+    assert log.default_seconds(kernel) == pytest.approx(costs["add"].seconds)
 
 
 def test_zero_trials_measures_default_schedule_once(tmp_path, capsys):

@@ -1,7 +1,8 @@
 """Cost every candidate kernel: reuse the tuning log, measure or tune the rest, predict the leftovers.
 
 The stage, per distinct kernel module, in order:
-1. a record in the log -> its best time, zero trials (a second compile does no work);
+1. a record in the log -> its best time, zero trials (a second compile does no work); a kernel
+   whose records are all failures is retried until it has failed `FAILED_ATTEMPTS_KEPT` times;
 2. otherwise its default (unscheduled) schedule is built and run once and the result recorded:
    this finds kernels that cannot build or run (cost inf, never a crash) and gives every kernel a
    finite fallback before any tuning starts;
@@ -53,6 +54,10 @@ MEASURE_GROUP = 64
 TUNE_GROUP = 4
 INITIAL_SECONDS_PER_TRIAL = 0.5  # first guess, replaced by the observed rate
 DEFAULT_RUNNER_TIMEOUT = 30.0  # MetaSchedule's LocalRunner default, when a runner does not say
+# A kernel whose every logged measurement failed is measured again until it has failed this
+# often: a one-off failure (a busy machine, an older korch_tvm) is not kept for ever, and a kernel
+# that really cannot build costs one retry, not one per compile.
+FAILED_ATTEMPTS_KEPT = 2
 
 CostSource = Literal["measured", "tuned", "log", "predicted", "failed"]
 Predictor = Callable[[tvm.IRModule], float]
@@ -335,7 +340,7 @@ def measure_kernels(
     pending = []
     for name in distinct:
         best = tuning_log.best_seconds(kernels[name])
-        if best is None:
+        if best is None or _retry_failure(tuning_log, name, kernels[name], best):
             pending.append(name)
         else:
             error = None if math.isfinite(best) else "every logged measurement failed"
@@ -359,6 +364,18 @@ def measure_kernels(
         bar.update(done=len(leftovers), stage="predict")
     bar.close()
     return {name: costs[rep] for rep, names in distinct.items() for name in names}
+
+
+def _retry_failure(tuning_log: TuningLog, name: str, kernel_mod: tvm.IRModule,
+                   best: float) -> bool:
+    """Whether a kernel logged only as failures gets another measurement (see the constant)."""
+    if math.isfinite(best):
+        return False
+    attempts = tuning_log.record_count(kernel_mod)
+    if attempts < FAILED_ATTEMPTS_KEPT:
+        logger.info("kernel %s failed %d time(s) before; measuring it again", name, attempts)
+        return True
+    return False
 
 
 def _distinct(kernels: Mapping[str, tvm.IRModule]) -> dict[str, list[str]]:

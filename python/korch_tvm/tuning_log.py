@@ -193,12 +193,16 @@ class TuningLog:
         """Time of the kernel's first record: its default-schedule measurement.
 
         The profiler measures every kernel's default schedule before any tuning, so the first
-        record never changes once written; budgets split by it stay the same on every re-run.
+        successful record never changes once written; budgets split by it stay the same on every
+        re-run.
         """
         self.refresh()
         line = self._table.find(kernel_mod)
         runs = [] if line is None else self._table.records.get(line, [])
-        return runs[0][0] if runs else None
+        if not runs:
+            return None
+        # failures before it (a retried kernel) are not its default time
+        return next((seconds for seconds, _ in runs if math.isfinite(seconds)), math.inf)
 
     def best_record(self, kernel_mod: tvm.IRModule) -> TuningRecord | None:
         """The fastest successful record (its trace rebuilds the tuned schedule)."""
@@ -221,7 +225,7 @@ class TuningLog:
         """Record one measurement of `kernel_mod` (default schedule when `trace` is None).
 
         `run_seconds=None` records a failure the way MetaSchedule does, so a kernel that cannot
-        build is not retried on every compile.
+        build is not retried on every compile (the profiler retries it a bounded number of times).
         """
         if trace is None:
             trace = default_trace(kernel_mod)
