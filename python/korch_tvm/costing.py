@@ -15,8 +15,10 @@ import tvm
 
 from .config import KorchConfig
 from .kernels import structural_key
-from .profiler import (KernelCost, allocate_trials, measure_kernels, profile_kernels,
-                       rpc_runner, tune_kernels)
+from .cuda_build import device_present
+from .profiler import (KernelCost, allocate_trials, local_runner, measure_kernels,
+                       profile_kernels, rpc_runner, tune_kernels)
+from .target import parse_target
 from .tuning_log import TuningLog
 
 
@@ -58,11 +60,20 @@ def cost_kernels(kernels: Mapping[str, tvm.IRModule], config: KorchConfig,
     return Costing(costs, summarize(distinct.values()), tuning_log)
 
 
+def shared_runner(config: KorchConfig):
+    """One runner for several `measure_costs` calls, so its worker pool starts once (None
+    where nothing can run: the calls then predict)."""
+    runner = configured_runner(config)
+    if runner is None and device_present(parse_target(config.target)):
+        runner = local_runner(parse_target(config.target))
+    return runner
+
+
 def measure_costs(kernels: Mapping[str, tvm.IRModule], config: KorchConfig,
-                  tuning_log: TuningLog, predictor=None) -> dict[str, KernelCost]:
+                  tuning_log: TuningLog, predictor=None, runner=None) -> dict[str, KernelCost]:
     """Every kernel's best known cost: from the log, one default measurement, or a prediction."""
     return measure_kernels(kernels, config.target, tuning_log, time_budget=config.time_budget,
-                           runner=configured_runner(config), predictor=predictor,
+                           runner=runner or configured_runner(config), predictor=predictor,
                            progress=config.progress)
 
 

@@ -9,6 +9,7 @@ would build without building it.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -18,16 +19,18 @@ import tvm
 from .candidates import enumerate_candidates
 from .config import KorchConfig
 from .cost_model import default_predictor
-from .costing import (default_schedule_costs, measure_costs, open_tuning_log, summarize,
-                      tune_costs)
+from .costing import (default_schedule_costs, measure_costs, open_tuning_log, shared_runner,
+                      summarize, tune_costs)
 from .fission import lower_to_primitives, lowering_stats
 from .gpu_rules import rules_for_target
 from .kernel_kinds import plan_kind_times
 from .kernels import distinct_kernels
+from .lazy_costing import solve_lazily
 from .orchestration import solve_orchestration
 from .partition import partition_graph
 from .planning import orchestration_problems, plan_groups, plan_report, prune_by_prediction
 from .primitive_graph import PrimitiveGraph
+from .primitive_kinds import LINEAR
 from .profiler import KernelCost
 from .rewrite import rewrite_with_plan, scheduled_kernel_count
 from .target import parse_target
@@ -125,36 +128,109 @@ def plan_korch(mod: tvm.IRModule, config: KorchConfig, *, predict_only: bool = F
                     if kernels.keys[i] is not None}
     clock.lap("prediction")
 
-    def solve(costs):
-        problems = orchestration_problems(graph, pieces, candidates, kept, kernels.keys, costs)
+    def solve(costs, usable=kept):
+        problems = orchestration_problems(graph, pieces, candidates, usable, kernels.keys, costs)
         plans = [solve_orchestration(problem.problem, time_limit=config.solver_time_limit)
                  for problem in problems]
         return problems, plans, plan_groups(problems, plans)
 
     if predict_only:
         costs = _logged_or_predicted(kept_kernels, predicted, tuning_log)
-    else:
-        costs = measure_costs(kept_kernels, config, tuning_log, predictor=predict)
+        clock.lap("measurement")
+        problems, plans, chosen = solve(costs)
+        clock.lap("orchestration")
+        return KorchPlan(mod, lowered, graph, pieces, candidates, kept, kernels.keys,
+                         kernels.modules, costs, problems, plans, chosen, tuning_log, target,
+                         clock.seconds)
+
+    stock_keys = {kernels.keys[i] for i in kept
+                  if candidates[i].is_stock and kernels.keys[i] is not None}
+    costs, first_choice = _cost_what_plans_need(kept_kernels, predicted, stock_keys,
+                                                _work_anchors(graph, candidates, kept,
+                                                              kernels.keys),
+                                                solve, kernels.keys, config, tuning_log, predict)
     clock.lap("measurement")
-    if config.trials > 0 and not predict_only:
+    if config.trials > 0:
         # Tune where the time goes: the kernels of the plan chosen from default-schedule costs,
         # by their share of that plan's latency (the same plan on every compile, see costing).
         defaults = default_schedule_costs(kept_kernels, costs, tuning_log)
-        _, _, first_choice = solve(defaults)
         shares = Counter()
         for i in first_choice:
             if kernels.keys[i] is not None:
                 shares[kernels.keys[i]] += defaults[kernels.keys[i]].seconds
         remaining = None if config.time_budget is None else max(
             0.0, config.time_budget - clock.seconds["measurement"])
-        costs = tune_costs(kept_kernels, shares, costs, config.with_changes(time_budget=remaining),
-                           tuning_log)
+        measured_kernels = {key: kept_kernels[key] for key in costs}
+        costs = tune_costs(measured_kernels, shares, costs,
+                           config.with_changes(time_budget=remaining), tuning_log)
         clock.lap("tuning")
-    problems, plans, chosen = solve(costs)
+    # Kernels no plan chose were never costed for real; they stay out of the final plan.
+    usable = [i for i in kept if kernels.keys[i] is None or kernels.keys[i] in costs]
+    problems, plans, chosen = solve(costs, usable)
     clock.lap("orchestration")
+    never_measured = {key: KernelCost(predicted[key], "predicted", 0)
+                      for key in kept_kernels if key not in costs}
     return KorchPlan(mod, lowered, graph, pieces, candidates, kept, kernels.keys,
-                     kernels.modules, costs, problems, plans, chosen, tuning_log, target,
-                     clock.seconds)
+                     kernels.modules, {**never_measured, **costs}, problems, plans, chosen,
+                     tuning_log, target, clock.seconds)
+
+
+def _work_anchors(graph, candidates, kept, key_of_candidate) -> dict[str, set]:
+    """Per kernel key, the primitives carrying its work: its linear ones, else all of them."""
+    anchors: dict[str, set] = {}
+    for i in kept:
+        key = key_of_candidate[i]
+        if key is None:
+            continue
+        nodes = candidates[i].nodes
+        linear = {n for n in nodes if graph.nodes[n].kind == LINEAR}
+        anchors.setdefault(key, set()).update(linear or nodes)
+    return anchors
+
+
+def _cost_what_plans_need(kept_kernels, predicted, stock_keys, anchors, solve, key_of_candidate,
+                          config, tuning_log, predict):
+    """(best known cost of every kernel worth a number, the plan on default-schedule costs).
+
+    What the log holds and TVM's own fusion groups (so the stock plan is always costed for
+    real and Korch's plan can never model worse than it) are looked up or measured first; the
+    rest only when a plan chooses them (lazy_costing). With an infinite margin every kernel is
+    measured up front, which is what full costing means.
+    """
+    deadline = None if config.time_budget is None else time.perf_counter() + config.time_budget
+    runner = shared_runner(config)
+
+    def measure(keys):  # every round draws on what is left of the one time budget
+        left = None if deadline is None else max(0.0, deadline - time.perf_counter())
+        return measure_costs({key: kept_kernels[key] for key in keys},
+                             config.with_changes(time_budget=left), tuning_log, predictor=predict,
+                             runner=runner)
+
+    upfront = [key for key, module in kept_kernels.items()
+               if key in stock_keys or tuning_log.best_seconds(module) is not None
+               or not math.isfinite(config.prune_margin)]
+    best = dict(measure(upfront))  # "predicted" where nothing could measure (no device, budget)
+    known = {key: cost for key, cost in best.items() if cost.source != "predicted"}
+
+    def solve_on(costs):
+        solution = solve(costs)
+        return solution, [key_of_candidate[i] for i in solution[2]]
+
+    result = solve_lazily(
+        solve_on, {key: predicted[key] for key in kept_kernels},
+        default_schedule_costs(kept_kernels, known, tuning_log),
+        lambda keys: default_schedule_costs(kept_kernels, _remember(best, measure(keys)),
+                                            tuning_log),
+        config.lazy_margin if math.isfinite(config.prune_margin) else 0.0, anchors)
+    logger.info("costing: %d of %d kernels measured or logged, plan settled in %d round(s)",
+                len(result.known), len(kept_kernels), result.rounds)
+    return best, result.solution[2]
+
+
+def _remember(store: dict, costs):
+    """Add `costs` to `store` and return them."""
+    store.update(costs)
+    return costs
 
 
 def _logged_or_predicted(kept_kernels, predicted, tuning_log) -> dict[str, KernelCost]:
