@@ -22,7 +22,11 @@ What it does, in order:
    p10/p90 per runtime, and the ratios of medians together with the p10/p90 of the per-round
    (paired) ratios. A difference is called real only when the whole p10..p90 range of the
    paired ratio lies on one side of 1.
-5. **Floor** (with `--machine M.json` from `bench/floor.py`): linear FLOPs / matmul peak and
+5. **Kinds.** Once the timing is done, the same libraries and ORT run again with every kernel
+   call timed (Relax VM instrument hook, ORT's profiler): in-model milliseconds per kernel kind
+   (conv 1x1 / depthwise / 3x3 / other, matmul, memory-bound, VM runtime), next to the
+   modelled split from the compile reports.
+6. **Floor** (with `--machine M.json` from `bench/floor.py`): linear FLOPs / matmul peak and
    minimum bytes / memory bandwidth from the primitive graph; latency / floor per runtime.
 
 Everything that needs TVM is imported inside functions, so `korch-tvm bench --help` stays fast
@@ -563,10 +567,10 @@ def _baseline() -> float | None:
     return _rss_mb("VmRSS")
 
 
-def _ort_session(model_path: str, threads: int | None):
+def _ort_session(model_path: str, threads: int | None, options=None):
     import onnxruntime
 
-    options = onnxruntime.SessionOptions()
+    options = options or onnxruntime.SessionOptions()
     options.intra_op_num_threads = int(threads or _cores())
     options.inter_op_num_threads = 1
     options.execution_mode = onnxruntime.ExecutionMode.ORT_SEQUENTIAL
@@ -681,6 +685,13 @@ def _bench_model(model, tvm_target, target, scratch, tuning_logs, trials, time_b
     _time_into(result, model, libraries, input_shapes, threads, with_ort, repeat=repeat,
                warmup=warmup, min_sample_ms=min_sample_ms, gap_ms=gap_ms,
                max_timing_s=max_timing_s)
+    log("profile by kernel kind ...")
+    kinds = {path: compiles[path][phases[-1][0]].get("kernel_kinds") or {}
+             for path in ("stock", "korch")}
+    result["kind_profile_ms"] = profile_by_kind(model, libraries, kinds, input_shapes, threads,
+                                                with_ort)
+    result["kind_modelled_ms"] = {path: compiles[path][phases[-1][0]].get("kind_ms")
+                                  for path in ("stock", "korch")}
     from .compile import _load_source
 
     source = _load_source(os.path.abspath(model), input_shapes)
@@ -771,6 +782,8 @@ def compile_summary(report: Mapping) -> dict:
         "stage_seconds": report.get("stage_seconds"),
         "verification": report.get("verification"),
         "kernel_calls": report.get("kernel_calls"),
+        "kind_ms": report.get("kind_ms"),          # modelled, per kernel kind
+        "kernel_kinds": report.get("kernel_kinds"),  # PrimFunc name -> kind, for the profile
     }
     if plan:
         gaps = [entry["gap"] for entry in plan.get("solver", []) if entry.get("gap") is not None]
@@ -819,6 +832,38 @@ def time_runtimes(model, libraries: Mapping[str, str], input_shapes, threads, wi
                                gap_s=gap_s, max_seconds=max_seconds)
 
 
+def profile_by_kind(model, libraries: Mapping[str, str], kernel_kinds: Mapping[str, Mapping],
+                    input_shapes, threads, with_ort, runs: int = 10) -> dict[str, dict]:
+    """In-model milliseconds per kernel kind for each library (and ORT), after the timing.
+
+    A separate pass, since timing every call slows the run a little: the latency numbers come
+    from the plain interleaved runs, this only says where the time goes.
+    """
+    import numpy as np
+    import tvm
+    from tvm import relax
+
+    from .frontend import input_dtypes, load_onnx
+    from .frontend import input_shapes as onnx_input_shapes
+    from .kind_profile import ort_profiled_kind_times, tvm_kind_times
+    from .verify import random_inputs
+
+    proto = load_onnx(model)
+    inputs = random_inputs(onnx_input_shapes(proto, input_shapes or None), input_dtypes(proto))
+    del proto
+    device = tvm.cpu(0)
+    args = [tvm.runtime.tensor(np.asarray(x), device) for x in inputs.values()]
+    profiles = {}
+    for name, library in libraries.items():
+        with _quiet_stderr():
+            vm = relax.VirtualMachine(tvm.runtime.load_module(library), device)
+        profiles[name] = tvm_kind_times(vm, args, kernel_kinds.get(name, {}), runs=runs)
+    if with_ort:
+        profiles["onnxruntime"] = ort_profiled_kind_times(
+            lambda options: _ort_session(model, threads, options), inputs, runs=runs)
+    return profiles
+
+
 # ----------------------------------------------------------------------------- text summary
 def summary_lines(result: Mapping) -> list[str]:
     lat = result["latency_ms"]
@@ -844,6 +889,11 @@ def summary_lines(result: Mapping) -> list[str]:
     if result.get("inference_memory_mb"):
         lines.append("  inference peak memory (MB): " + ", ".join(
             f"{k} {v:.0f}" for k, v in result["inference_memory_mb"].items() if v is not None))
+    if result.get("kind_profile_ms"):
+        from .kind_profile import kind_table
+
+        lines.append("  in-model time by kernel kind (per run):")
+        lines += kind_table(result["kind_profile_ms"])
     floor = result.get("floor")
     if floor:
         lines.append(f"  floor {floor['ms']:.3f} ms ({floor['bound']}-bound); latency/floor: "

@@ -23,7 +23,7 @@ from .costing import (default_schedule_costs, measure_costs, open_tuning_log, sh
                       summarize, tune_costs)
 from .fission import lower_to_primitives, lowering_stats
 from .gpu_rules import rules_for_target
-from .kernel_kinds import plan_kind_times
+from .kernel_kinds import module_kernel_kinds, plan_kind_times
 from .kernels import distinct_kernels
 from .lazy_costing import solve_lazily
 from .orchestration import solve_orchestration
@@ -255,6 +255,7 @@ def rewrite_plan(plan: KorchPlan):
                                "rewrite": round(time.perf_counter() - rewrite_started, 3)}
     report["modelled_ms"] = report["plan"]["modelled_ms"]
     report["kind_ms"] = plan_kind_times(optimized, report["plan"])  # conv 1x1 / matmul / ...
+    report["kernel_kinds"] = module_kernel_kinds(optimized)
     return optimized, report
 
 

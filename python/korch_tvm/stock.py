@@ -67,6 +67,7 @@ def run_stock(mod: tvm.IRModule, config: KorchConfig):
         "kernels": [{"name": name, "calls": count, "ms": kernel_ms[name],
                      "kind": kinds.get(name, "memory")} for name, count in calls.items()],
         "kind_ms": kind_times(fused, kernel_ms, calls),
+        "kernel_kinds": kinds,
         "kernels_with_tuned_schedule": "{}/{}".format(*scheduled_kernel_count(tuned)),
     }
     return tuned, report
