@@ -63,6 +63,8 @@ def main(argv=None) -> int:
                         help="comma-separated subset of: " + ", ".join(m[0] for m in SUITE))
     parser.add_argument("--skip", default="", help="comma-separated models to leave out")
     parser.add_argument("--trials", type=int, default=None, help="override every model's budget")
+    parser.add_argument("--trials-per-kernel", type=int, default=None, metavar="N",
+                        help="instead of a total: N trials per kernel each compile tunes")
     parser.add_argument("--target", default="llvm")
     parser.add_argument("--tuning-logs", default=os.path.join(HERE, ".suite-logs"),
                         help="log directory of the suite (default bench/.suite-logs, not "
@@ -117,7 +119,9 @@ def run_model(name, path, trials, budget, args, per_model_dir, machine_path) -> 
     log_path = os.path.join(per_model_dir, f"{name}.log")
     command = [os.path.join(os.path.dirname(sys.executable), "korch-tvm"), "bench",
                os.path.join(ROOT, path), "--target", args.target, "--tuning-logs",
-               args.tuning_logs, "--trials", str(trials), "--json", out_json, "--machine",
+               args.tuning_logs, *(["--trials", str(trials)] if args.trials_per_kernel is None
+                                   else ["--trials-per-kernel", str(args.trials_per_kernel)]),
+               "--json", out_json, "--machine",
                machine_path, "--repeat", str(args.repeat), "--reports-dir",
                os.path.join(args.tuning_logs, "reports")]
     if budget:
@@ -250,7 +254,9 @@ def model_row(name: str, result: dict) -> dict:
         "compile_peak_mb": {"stock": max(p["peak_rss_mb"] for p in stock.values()),
                             "korch": max(p["peak_rss_mb"] for p in korch.values())},
         "inference_peak_mb": result.get("inference_memory_mb"),
-        "trials_budget": result["trials_budget"],
+        "trials_budget": (result["trials_budget"] if result.get("trials_per_kernel") is None
+                          else f"{result['trials_per_kernel']}/kernel"),
+        "kind_profile_ms": result.get("kind_profile_ms"),
         "trials_run_cold": {"stock": stock["cold"]["trials_run"],
                             "korch": korch["cold"]["trials_run"]},
         "trials_run_warm": {"stock": warm_s.get("trials_run"), "korch": warm_k.get("trials_run")},
@@ -332,6 +338,7 @@ def markdown(summary: dict) -> str:
                "(> 1: Korch faster); in brackets the p10–p90 of the per-round paired ratio; "
                "'≈' marks a difference inside that spread. ± is (p90 − p10) / 2 of the "
                "samples.\n")
+    out += kind_profile_table(rows)
     earlier = [r for r in rows if r.get("earlier_timings")]
     if earlier:
         out.append("Earlier timings of the same libraries (first right after the compiles, then "
@@ -351,6 +358,25 @@ def markdown(summary: dict) -> str:
     for name, why in summary.get("skipped", {}).items():
         out.append(f"- {DISPLAY.get(name, name)}: {why}")
     return "\n".join(out) + "\n"
+
+
+def kind_profile_table(rows) -> list[str]:
+    """Markdown: in-model ms per kernel kind, per model and runtime (from `korch-tvm bench`)."""
+    profiled = [r for r in rows if r.get("kind_profile_ms")]
+    if not profiled:
+        return []
+    kinds = ["conv1x1", "conv_depthwise", "conv3x3", "conv_other", "matmul", "memory", "runtime"]
+    out = ["In-model time by kernel kind (ms per run; every kernel call timed by the Relax VM's "
+           "instrument hook, ORT by its profiler, so totals run a little above the latency):\n",
+           "| model | runtime | " + " | ".join(kinds) + " | total |",
+           "|" + "---|" * (len(kinds) + 3)]
+    for r in profiled:
+        for runtime, times in r["kind_profile_ms"].items():
+            out.append(f"| {DISPLAY.get(r['model'], r['model'])} | {runtime} | "
+                       + " | ".join(_fmt(times.get(kind, 0.0), 2) for kind in kinds)
+                       + f" | {_fmt(sum(times.values()), 2)} |")
+    out.append("")
+    return out
 
 
 def _spread(stats: dict) -> str:

@@ -182,6 +182,8 @@ def test_suite_table_from_a_result(tmp_path):
         "work": {"linear_flops": 2e9, "min_bytes": 2 ** 20},
         "floor": {"ms": 0.5, "bound": "compute",
                   "latency_over_floor": {"korch": 2.0, "stock": 4.0}},
+        "kind_profile_ms": {"korch": {"conv1x1": 0.75, "memory": 0.25, "runtime": 0.05},
+                            "onnxruntime": {"conv1x1": 1.25, "memory": 0.25}},
     }
     directory = tmp_path / "llvm"
     directory.mkdir()
@@ -191,3 +193,5 @@ def test_suite_table_from_a_result(tmp_path):
     assert summary["geomean_korch_vs_ort"] == pytest.approx(1.5)
     table = (tmp_path / "llvm.md").read_text()
     assert "| tiny |" in table and "2.00×" in table and "big: too slow" in table
+    assert "| tiny | korch | 0.75 | 0.00 | 0.00 | 0.00 | 0.00 | 0.25 | 0.05 | 1.05 |" in table
+    assert "| tiny | onnxruntime | 1.25 |" in table

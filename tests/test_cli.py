@@ -45,11 +45,16 @@ def test_bad_target_and_bad_shape(tmp_path):
     _assert_one_line_error(run_cli("compile", path, "--target", "llvm -mcpu=x"), "target")
     result = run_cli("compile", path, "--input-shape", "x")
     assert result.returncode == 2 and "NAME:DIMS" in result.stderr
+    _assert_one_line_error(run_cli("compile", path, "--trials", "8", "--trials-per-kernel", "4"),
+                           "not both")
+    _assert_one_line_error(run_cli("tune", path, "--tuning-logs", tmp_path / "logs",
+                                   "--trials-per-kernel", "-1"), "--trials-per-kernel")
 
 
 def test_help_documents_every_flag():
     result = run_cli("compile", "--help")
     assert result.returncode == 0
-    for flag in ["--target", "--korch", "--tuning-logs", "--trials", "--time-budget", "-o",
+    for flag in ["--target", "--korch", "--tuning-logs", "--trials", "--trials-per-kernel",
+                 "--time-budget", "-o",
                  "--report", "--no-verify", "--input-shape", "--rpc-tracker", "--threads"]:
         assert flag in result.stdout, flag

@@ -137,3 +137,19 @@ def test_lazy_costing_measures_less_and_plans_as_well_as_costing_everything(tmp_
     assert same_log["tuning"]["measured"] == 0
     assert same_log["plan"]["modelled_ms"] <= full["plan"]["modelled_ms"] * 1.03
     print(f"measured {lazy['tuning']['measured']} of {full['tuning']['measured']} kernels")
+
+
+@pytest.mark.parametrize("korch", [False, True])
+def test_trials_per_kernel_scales_the_budget_with_the_kernels_tuned(tmp_path, korch):
+    model = make_tiny_onnx(rows=32, cols=64)
+    config = KorchConfig(trials_per_kernel=4)
+    _, report = compile_model(model, korch=korch, tuning_logs=str(tmp_path), config=config,
+                              verify=False)
+    tuning = report["tuning"]
+    # 4 per kernel of the plan, split by latency share (heavy kernels get more than 4, the
+    # lightest may get none); a MetaSchedule batch may overshoot by a couple per kernel
+    assert tuning["tuned"] >= 1 and 4 * tuning["tuned"] <= tuning["trials_run"]
+    assert tuning["trials_run"] <= 4 * tuning["kernels"] + 2 * tuning["tuned"]
+    _, again = compile_model(model, korch=korch, tuning_logs=str(tmp_path), config=config,
+                             verify=False)
+    assert again["tuning"]["trials_run"] == 0

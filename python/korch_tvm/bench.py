@@ -58,6 +58,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--trials", type=int, default=0, metavar="N",
                         help="MetaSchedule trial budget of *each* compile (stock and Korch get "
                              "the same)")
+    parser.add_argument("--trials-per-kernel", type=int, default=None, metavar="N",
+                        help="instead of --trials: N trials per kernel each compile tunes")
     parser.add_argument("--time-budget", type=float, default=None, metavar="SECONDS",
                         help="bound on each compile's costing stage (see `compile`)")
     parser.add_argument("--prune-margin", type=float, default=None,
@@ -105,6 +107,8 @@ def run(args) -> int:
         raise KorchError(f"model '{args.model}' does not exist")
     if args.trials < 0:
         raise KorchError(f"--trials must be >= 0, got {args.trials}")
+    if args.trials_per_kernel is not None and (args.trials_per_kernel < 0 or args.trials):
+        raise KorchError("--trials-per-kernel must be >= 0 and replaces --trials")
     if args.repeat < 1:
         raise KorchError("--repeat must be >= 1")
     if args.retime:
@@ -123,6 +127,7 @@ def run(args) -> int:
         return 0
     result = bench_model(
         args.model, target=args.target, tuning_logs=args.tuning_logs, trials=args.trials,
+        trials_per_kernel=args.trials_per_kernel,
         time_budget=args.time_budget, prune_margin=args.prune_margin,
         input_shapes=dict(_parse_shape(text) for text in args.input_shape),
         threads=args.threads, repeat=args.repeat, warmup=args.warmup,
@@ -489,7 +494,8 @@ def _worker_compile(task: dict) -> dict:
 
     configure_logging(task.get("verbose", 0), False)
     logging.getLogger("korch_tvm").setLevel(logging.INFO)
-    changes = {"num_threads": task.get("threads")}
+    changes = {"num_threads": task.get("threads"),
+               "trials_per_kernel": task.get("trials_per_kernel")}
     if task.get("prune_margin") is not None:
         changes["prune_margin"] = float(task["prune_margin"])
     config = KorchConfig(**changes)
@@ -594,7 +600,8 @@ def _ort_available() -> bool:
 
 
 # ----------------------------------------------------------------------------- the benchmark
-def bench_model(model: str, *, target="llvm", tuning_logs=None, trials=0, time_budget=None,
+def bench_model(model: str, *, target="llvm", tuning_logs=None, trials=0, trials_per_kernel=None,
+                time_budget=None,
                 prune_margin=None, input_shapes=None, threads=None, repeat=30, warmup=3,
                 min_sample_ms=20.0, gap_ms=20.0, max_timing_s=None, with_ort=True, warm=True,
                 memory=True, machine=None, reports_dir=None, log=None) -> dict:
@@ -606,7 +613,8 @@ def bench_model(model: str, *, target="llvm", tuning_logs=None, trials=0, time_b
     tvm_target = parse_target(target)
     scratch = tempfile.mkdtemp(prefix="korch-bench-")
     try:
-        return _bench_model(model, tvm_target, target, scratch, tuning_logs, trials, time_budget,
+        return _bench_model(model, tvm_target, target, scratch, tuning_logs,
+                            (trials, trials_per_kernel), time_budget,
                             prune_margin, input_shapes, threads, repeat, warmup, min_sample_ms,
                             gap_ms, max_timing_s, with_ort, warm, memory, machine, reports_dir,
                             log)
@@ -616,7 +624,7 @@ def bench_model(model: str, *, target="llvm", tuning_logs=None, trials=0, time_b
         shutil.rmtree(scratch, ignore_errors=True)
 
 
-def _bench_model(model, tvm_target, target, scratch, tuning_logs, trials, time_budget,
+def _bench_model(model, tvm_target, target, scratch, tuning_logs, budget, time_budget,
                  prune_margin, input_shapes, threads, repeat, warmup, min_sample_ms, gap_ms,
                  max_timing_s, with_ort, warm, memory, machine, reports_dir, log) -> dict:
     import tvm
@@ -628,6 +636,7 @@ def _bench_model(model, tvm_target, target, scratch, tuning_logs, trials, time_b
     if tuning_logs is None:
         tuning_logs = os.path.join(scratch, "logs")
     stem = os.path.splitext(os.path.basename(model))[0]
+    trials, trials_per_kernel = budget
     result = {
         "model": os.path.basename(model),
         "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
@@ -638,6 +647,7 @@ def _bench_model(model, tvm_target, target, scratch, tuning_logs, trials, time_b
         "target_tag": target_tag(tvm_target),
         "threads": threads,
         "trials_budget": trials,
+        "trials_per_kernel": trials_per_kernel,
         "time_budget": time_budget,
         "tuning_logs": os.path.abspath(tuning_logs),
         "protocol": {"repeat": repeat, "warmup": warmup, "min_sample_ms": min_sample_ms,
@@ -651,10 +661,12 @@ def _bench_model(model, tvm_target, target, scratch, tuning_logs, trials, time_b
     for phase, verify in phases:
         for path in ("stock", "korch"):
             library = os.path.join(keep, f"{stem}.{path}.{phase}.so")
-            log(f"compile {path} ({phase}, trials {trials}) ...")
+            log(f"compile {path} ({phase}, trials "
+                f"{trials if trials_per_kernel is None else f'{trials_per_kernel}/kernel'}) ...")
             task = {"kind": "compile", "model": os.path.abspath(model), "target": target,
                     "korch": path == "korch", "tuning_logs": os.path.abspath(tuning_logs),
-                    "trials": trials, "time_budget": time_budget, "verify": verify,
+                    "trials": trials, "trials_per_kernel": trials_per_kernel,
+                    "time_budget": time_budget, "verify": verify,
                     "input_shapes": input_shapes, "threads": threads, "library": library,
                     "prune_margin": prune_margin if path == "korch" else None}
             answer = _child(task, log)
@@ -865,10 +877,15 @@ def profile_by_kind(model, libraries: Mapping[str, str], kernel_kinds: Mapping[s
 
 
 # ----------------------------------------------------------------------------- text summary
+def _budget_text(result: Mapping) -> str:
+    per_kernel = result.get("trials_per_kernel")
+    return str(result["trials_budget"]) if per_kernel is None else f"{per_kernel} per kernel"
+
+
 def summary_lines(result: Mapping) -> list[str]:
     lat = result["latency_ms"]
     lines = [f"{result['model']} on {result['machine']['cpu']} ({result['threads']} threads), "
-             f"TVM {result['tvm_version']}, trials {result['trials_budget']} per compile"]
+             f"TVM {result['tvm_version']}, trials {_budget_text(result)} per compile"]
     for name, stats in lat.items():
         lines.append(f"  {name:12s} median {stats['median']:9.3f} ms  (p10 {stats['p10']:.3f}, "
                      f"p90 {stats['p90']:.3f}, n={stats['n']})")

@@ -49,6 +49,9 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
                         help="total MetaSchedule trials for kernels not yet in the log "
                              "(default 0: no search, kernels without records use default "
                              "schedules)")
+    parser.add_argument("--trials-per-kernel", type=int, default=None, metavar="N",
+                        help="instead of --trials: N trials per kernel that gets tuned (the "
+                             "total, N times the kernels, is still split by latency share)")
     parser.add_argument("--time-budget", type=float, default=None, metavar="SECONDS",
                         help="bound on the costing stage; kernels not costed in time use the "
                              "cost model's prediction")
@@ -191,7 +194,7 @@ def _config_from_args(args):
     from .config import KorchConfig
 
     return KorchConfig(num_threads=args.threads, rpc_tracker=args.rpc_tracker,
-                       rpc_key=args.rpc_key)
+                       rpc_key=args.rpc_key, trials_per_kernel=args.trials_per_kernel)
 
 
 def _export(executable, path: str) -> None:

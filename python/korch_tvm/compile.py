@@ -51,8 +51,7 @@ def compile_model(model, target="llvm", *, korch: bool = True, tuning_logs: str 
     started = time.perf_counter()
     config = (config or KorchConfig()).with_changes(
         target=target, tuning_logs=tuning_logs, trials=int(trials), time_budget=time_budget)
-    if config.trials < 0:
-        raise KorchError(f"--trials must be >= 0, got {config.trials}")
+    check_trials(config)
     tvm_target = parse_target(config.target)
     threads = configure_threads(config.num_threads)
     source = _load_source(model, input_shapes_override)
@@ -118,6 +117,7 @@ def tune_model(model, target="llvm", *, korch: bool = True, tuning_logs: str,
     config = (config or KorchConfig()).with_changes(
         target=parse_target(target), tuning_logs=tuning_logs, trials=int(trials),
         time_budget=time_budget)
+    check_trials(config)
     threads = configure_threads(config.num_threads)
     source = _load_source(model, input_shapes_override)
     if korch:
@@ -133,6 +133,16 @@ def tune_model(model, target="llvm", *, korch: bool = True, tuning_logs: str,
                   trials_budget=config.trials,
                   compile_seconds=round(time.perf_counter() - started, 3))
     return report
+
+
+def check_trials(config: KorchConfig) -> None:
+    if config.trials < 0:
+        raise KorchError(f"--trials must be >= 0, got {config.trials}")
+    if config.trials_per_kernel is not None:
+        if config.trials_per_kernel < 0:
+            raise KorchError(f"--trials-per-kernel must be >= 0, got {config.trials_per_kernel}")
+        if config.trials:
+            raise KorchError("give --trials (a total) or --trials-per-kernel, not both")
 
 
 def _mismatch_message(verification, plan, source, target, tolerance) -> str:

@@ -18,6 +18,9 @@ class KorchConfig:
     target: object = "llvm"
     tuning_logs: str | None = None
     trials: int = 0
+    # Instead of a total: this many trials per kernel that gets tuned (the budget is this times
+    # the number of kernels, still split by latency share). MetaSchedule users think per task.
+    trials_per_kernel: int | None = None
     time_budget: float | None = None
     # Candidates per primitive grow from 7.0 (6) to 10.1 (8) on SegFormer-b0 (candidates.py), and
     # every candidate is a kernel to measure; TVM's larger fusion groups are candidates anyway.
@@ -36,3 +39,13 @@ class KorchConfig:
 
     def with_changes(self, **changes) -> "KorchConfig":
         return replace(self, **changes)
+
+    @property
+    def tunes(self) -> bool:
+        return self.trials > 0 or bool(self.trials_per_kernel)
+
+    def trial_budget(self, kernels_to_tune: int) -> int:
+        """Total trials for `kernels_to_tune` kernels (see `trials_per_kernel`)."""
+        if self.trials_per_kernel is None:
+            return self.trials
+        return self.trials_per_kernel * kernels_to_tune

@@ -6,6 +6,7 @@ same trial budget, which is what makes their comparison fair.
 
 from __future__ import annotations
 
+import math
 import tempfile
 from collections import Counter
 from collections.abc import Iterable, Mapping
@@ -53,6 +54,7 @@ def cost_kernels(kernels: Mapping[str, tvm.IRModule], config: KorchConfig,
     """Cost every kernel (the profiler costs each distinct structure once)."""
     tuning_log = tuning_log or open_tuning_log(config)
     costs = profile_kernels(kernels, config.target, tuning_log, trials=config.trials,
+                            trials_per_kernel=config.trials_per_kernel,
                             time_budget=config.time_budget, weights=weights,
                             runner=configured_runner(config), progress=config.progress,
                             seed=config.seed)
@@ -94,8 +96,9 @@ def default_schedule_costs(kernels: Mapping[str, tvm.IRModule], costs: Mapping[s
 def tune_costs(kernels: Mapping[str, tvm.IRModule], shares: Mapping[str, float],
                costs: Mapping[str, KernelCost], config: KorchConfig,
                tuning_log: TuningLog) -> dict[str, KernelCost]:
-    """Spend `config.trials` on `kernels` by their latency `shares`; return the updated costs."""
-    allocation = allocate_trials(shares, config.trials)
+    """Spend the trial budget on `kernels` by their latency `shares`; return the updated costs."""
+    tunable = sum(1 for share in shares.values() if math.isfinite(share) and share > 0)
+    allocation = allocate_trials(shares, config.trial_budget(tunable))
     tuned = tune_kernels(kernels, allocation, config.target, tuning_log,
                          time_budget=config.time_budget, runner=configured_runner(config),
                          progress=config.progress, seed=config.seed)

@@ -150,7 +150,7 @@ def plan_korch(mod: tvm.IRModule, config: KorchConfig, *, predict_only: bool = F
                                                               kernels.keys),
                                                 solve, kernels.keys, config, tuning_log, predict)
     clock.lap("measurement")
-    if config.trials > 0:
+    if config.tunes:
         # Tune where the time goes: the kernels of the plan chosen from default-schedule costs,
         # by their share of that plan's latency (the same plan on every compile, see costing).
         defaults = default_schedule_costs(kept_kernels, costs, tuning_log)

@@ -216,18 +216,20 @@ def profile_kernels(
     predictor: Predictor | None = None,
     progress: bool | None = None,
     seed: int = 0,
+    trials_per_kernel: int | None = None,
 ) -> dict[str, KernelCost]:
     """Cost each kernel (`{"main": PrimFunc}` modules); see the module docstring for the order.
 
     `trials` is the total tuning budget, split by `allocate_trials` in proportion to each
     kernel's share of the model's latency (`weights`: how often it runs, times its
     default-schedule time); `time_budget` (seconds) bounds the whole stage; `runner`/`builder`
-    default to this machine; `predictor` defaults to the log's cost model.
+    default to this machine; `predictor` defaults to the log's cost model. With
+    `trials_per_kernel` the budget is that many per kernel that has a share instead.
     """
     started = time.perf_counter()
     costs = measure_kernels(kernels, target, tuning_log, time_budget=time_budget, runner=runner,
                             builder=builder, predictor=predictor, progress=progress)
-    if trials <= 0:
+    if trials <= 0 and not trials_per_kernel:
         return costs
     weights = dict(weights or {})
     shares = {}
@@ -235,6 +237,8 @@ def profile_kernels(
         default = tuning_log.default_seconds(kernels[name]) if cost.source != "predicted" else None
         if default is not None and math.isfinite(default):
             shares[name] = weights.get(name, 1.0) * default
+    if trials_per_kernel:
+        trials = trials_per_kernel * len(shares)
     allocation = allocate_trials(shares, trials)
     remaining = None if time_budget is None else time_budget - (time.perf_counter() - started)
     tuned = tune_kernels(kernels, allocation, target, tuning_log, time_budget=remaining,
