@@ -16,11 +16,11 @@ The aggregate is `bench/results/<target>.json` and `bench/results/<target>.md`.
 The machine's bandwidth and matmul peak come from `bench/floor.py` (run first when
 `bench/results/machine.json` is missing).
 
-The prune study compiles a model with Korch three times at zero trials: pruned (default margin)
-on a fresh log, unpruned (margin = inf, every candidate costed) on another fresh log, and pruned
-again on the unpruned run's log. The last one's plan is costed from the very same measurements
-as the unpruned plan, so their modelled costs compare plan quality alone; the first two compare
-costing time.
+The prune study plans a model with Korch at zero trials: with every candidate costed
+(prune_margin = inf) on a fresh log, with the default settings (pruning and lazy costing) on
+another fresh log, which compares costing time; and with the default settings once more, every
+measurement answered from the first run's log, so both plans are costed from the very same
+numbers and their ratio is plan quality alone.
 """
 
 from __future__ import annotations
@@ -136,6 +136,8 @@ def run_model(name, path, trials, budget, args, per_model_dir, machine_path) -> 
         with open(out_json + ".failed", "w", encoding="utf-8") as handle:
             json.dump({"model": name, "exit": process.returncode, "seconds": seconds}, handle)
         return
+    if os.path.exists(out_json + ".failed"):
+        os.remove(out_json + ".failed")  # an earlier failure of this model, now superseded
     with open(out_json, encoding="utf-8") as handle:
         result = json.load(handle)
     result["suite_seconds"] = round(seconds, 1)
@@ -402,21 +404,20 @@ def prune_study(models, args) -> int:
     for name in models:
         model = os.path.join(ROOT, paths[name])
         scratch = tempfile.mkdtemp(prefix=f"korch-prune-{name}-")
-        runs = {}
         if args.cost_model:
-            for log in ("a", "b"):
+            for log in ("full", "default", "replay"):
                 directory = os.path.join(scratch, log, os.path.basename(
                     os.path.normpath(args.cost_model)))
                 os.makedirs(directory, exist_ok=True)
                 for file in os.listdir(args.cost_model):
                     if file.startswith("cost_model"):
                         shutil.copy(os.path.join(args.cost_model, file), directory)
-        for label, margin, log in (("pruned", None, "a"), ("full", float("inf"), "b"),
-                                   ("pruned_on_full_log", None, "b")):
+        runs = {}
+        for label, margin in (("full", float("inf")), ("default", None)):
             task = {"kind": "compile", "model": model, "target": args.target, "korch": True,
-                    "tuning_logs": os.path.join(scratch, log), "trials": 0, "time_budget": None,
-                    "verify": False, "input_shapes": None, "threads": None, "library": None,
-                    "prune_margin": margin}
+                    "tuning_logs": os.path.join(scratch, label), "trials": 0,
+                    "time_budget": None, "verify": False, "input_shapes": None,
+                    "threads": None, "library": None, "prune_margin": margin}
             print(f"[prune] {name}: {label} ...", flush=True)
             report = bench._child(task)["report"]
             stages = report["stage_seconds"]
@@ -427,17 +428,23 @@ def prune_study(models, args) -> int:
                 "modelled_ms": report["modelled_ms"],
                 "candidates": report["plan"]["candidates"],
                 "pruned": report["plan"]["pruned"],
-                "distinct_kernels_costed": report["tuning"]["kernels"],
+                "distinct_kernels": report["tuning"]["kernels"],
                 "measured": report["tuning"]["measured"],
                 "solver_status": report["plan"]["solver_status"],
             }
             print(f"[prune]   {runs[label]}", flush=True)
+        print(f"[prune] {name}: default settings replayed on the full run's measurements ...",
+              flush=True)
+        runs["replay"] = replay(model, os.path.join(scratch, "full"),
+                                os.path.join(scratch, "replay"), args.target)
+        print(f"[prune]   {runs['replay']}", flush=True)
         shutil.rmtree(scratch, ignore_errors=True)
-        full, pruned, same_log = runs["full"], runs["pruned"], runs["pruned_on_full_log"]
+        full, default, same = runs["full"], runs["default"], runs["replay"]
         results[name] = {
             **runs,
-            "plan_cost_ratio": same_log["modelled_ms"] / full["modelled_ms"],
-            "costing_time_ratio": pruned["costing_seconds"] / full["costing_seconds"],
+            "plan_cost_ratio": same["modelled_ms"] / full["modelled_ms"],
+            "costing_time_ratio": default["costing_seconds"] / full["costing_seconds"],
+            "kernels_measured_ratio": default["measured"] / full["measured"],
         }
     out = os.path.join(args.out, f"{args.target}-prune-study.json")
     results = {"predictor": ("cost model copied from " + os.path.relpath(args.cost_model, ROOT))
@@ -447,6 +454,35 @@ def prune_study(models, args) -> int:
     bench.write_json(out, results)
     print(json.dumps(results, indent=2))
     return 0
+
+
+def replay(model: str, full_logs: str, fresh_logs: str, target: str) -> dict:
+    """Plan with default settings on a fresh log, every measurement answered from `full_logs`.
+
+    Both plans are then costed from the very same numbers, so their ratio is plan quality
+    alone (two separate runs would also differ by the machine's timing noise).
+    """
+    from korch_tvm.compile import _load_source
+    from korch_tvm.config import KorchConfig
+    from korch_tvm.passes import plan_korch
+    from korch_tvm.profiler import KernelCost
+    from korch_tvm.tuning_log import TuningLog
+
+    full_log = TuningLog(full_logs, target)
+    asked = []
+
+    def from_full_log(modules):
+        asked.extend(modules)
+        return {key: KernelCost(full_log.best_seconds(module), "measured", 1)
+                for key, module in modules.items()}
+
+    source = _load_source(model, None)
+    plan = plan_korch(source.relax_module, KorchConfig(target=target, tuning_logs=fresh_logs,
+                                                       progress=False),
+                      measure_with=from_full_log)
+    report = plan.report()
+    return {"modelled_ms": report["plan"]["modelled_ms"], "measured": len(set(asked)),
+            "pruned": report["plan"]["pruned"], "solver_status": report["plan"]["solver_status"]}
 
 
 if __name__ == "__main__":

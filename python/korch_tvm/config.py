@@ -29,7 +29,7 @@ class KorchConfig:
     prune_margin: float = 0.5
     # Lazy costing (lazy_costing.py): how much cheaper than its calibrated prediction a kernel no
     # plan has chosen yet may turn out. Larger measures more; prune_margin=inf measures all.
-    lazy_margin: float = 0.1
+    lazy_margin: float = 0.2
     solver_time_limit: float = 10.0
     num_threads: int | None = None
     rpc_tracker: str | None = None

@@ -7,13 +7,13 @@ is solved again, until the plan consists of measured kernels only. If every scal
 were at most the kernel's measured time, the final plan would be the one full costing finds: any
 other plan costs at least its optimistic sum, which is no less than the final plan's measured sum.
 
-The scaling is a calibration, then a margin. A prediction is multiplied by the measured /
-predicted ratio of already measured kernels that share its heaviest work (the same matmul or
-convolution primitive; for a memory-bound kernel, any primitive), else by the median ratio of
-all measured kernels: the variants of one big matmul are mispredicted alike, so their measured
-sibling corrects them far better than a global factor. It is then divided by `1 + margin`. A
-wide margin makes every unmeasured variant of a big kernel look cheaper than the measured one,
-and the loop measures them all; a narrow one trusts the calibrated model.
+The scaling is a calibration, then a margin. A prediction is multiplied by the median measured /
+predicted ratio of already measured kernels that share an *anchor* with it (the caller's choice:
+the same matmul or convolution primitive, or the class of memory-bound kernels), else by the
+median ratio of all measured kernels: the variants of one big matmul are mispredicted alike, so
+their measured sibling corrects them far better than a global factor. It is then divided by
+`1 + margin`. A wide margin makes every unmeasured variant of a big kernel look cheaper than the
+measured one, and the loop measures them all; a narrow one trusts the calibrated model.
 
 The loop depends only on the log and the predictor, so a second compile with the same log finds
 the last round's plan at once and measures nothing.
