@@ -12,6 +12,7 @@ import pytest
 
 from conftest import MODELS, REPO, make_tiny_onnx
 from korch_tvm import KorchConfig, compile_model
+from korch_tvm.report import summary_lines
 
 SHIPPED_LOGS = REPO / "tuning_logs"
 
@@ -150,6 +151,8 @@ def test_trials_per_kernel_scales_the_budget_with_the_kernels_tuned(tmp_path, ko
     # lightest may get none); a MetaSchedule batch may overshoot by a couple per kernel
     assert tuning["tuned"] >= 1 and 4 * tuning["tuned"] <= tuning["trials_run"]
     assert tuning["trials_run"] <= 4 * tuning["kernels"] + 2 * tuning["tuned"]
+    assert f"trials run {tuning['trials_run']} of budget 4 per kernel" in "\n".join(
+        summary_lines(report))
     _, again = compile_model(model, korch=korch, tuning_logs=str(tmp_path), config=config,
                              verify=False)
     assert again["tuning"]["trials_run"] == 0

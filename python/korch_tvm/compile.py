@@ -63,6 +63,7 @@ def compile_model(model, target="llvm", *, korch: bool = True, tuning_logs: str 
         "threads": threads,
         "tvm_version": tvm.__version__,
         "trials_budget": config.trials,
+        "trials_per_kernel": config.trials_per_kernel,
     }
     config = config.with_changes(target=tvm_target)
     plan = None
@@ -130,7 +131,7 @@ def tune_model(model, target="llvm", *, korch: bool = True, tuning_logs: str,
         _, report = run_stock(source.relax_module, config)
     report.update(model=source.name, korch=bool(korch), target_tag=target_tag(config.target),
                   threads=threads,
-                  trials_budget=config.trials,
+                  trials_budget=config.trials, trials_per_kernel=config.trials_per_kernel,
                   compile_seconds=round(time.perf_counter() - started, 3))
     return report
 

@@ -131,7 +131,8 @@ def explain_model(model, target="llvm", *, tuning_logs=None, trials: int = 0,
     logger.debug("%d of %d primitives traced to their ONNX operator exactly%s", exact,
                  len(explanation["primitives"]), "" if trace else " (no trace)")
     explanation.update(model=name, target=str(tvm_target), target_tag=target_tag(tvm_target),
-                       costing="predicted (nothing measured)" if predict_only else "measured")
+                       costing="predicted (nothing measured)" if predict_only
+                       else "measured where a plan needed it (lazy costing)")
     return explanation
 
 

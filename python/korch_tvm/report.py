@@ -12,9 +12,9 @@ def summary_lines(report: dict) -> list[str]:
     if tuning:
         lines.append(
             f"  kernels: {tuning.get('kernels', 0)} distinct; from log {tuning.get('from_log', 0)},"
-            f" tuned {tuning.get('tuned', 0)}, measured {tuning.get('measured', 0)}, predicted "
-            f"{tuning.get('predicted', 0)}, failed {tuning.get('failed', 0)}; trials run "
-            f"{tuning.get('trials_run', 0)} of budget {report.get('trials_budget', 0)}")
+            f" tuned {tuning.get('tuned', 0)}, measured {tuning.get('measured', 0)}, prediction "
+            f"only {tuning.get('predicted', 0)}, failed {tuning.get('failed', 0)}; trials run "
+            f"{tuning.get('trials_run', 0)} of budget {_budget(report)}")
     lowering = report.get("lowering")
     if lowering:
         kinds = ", ".join(f"{k} {v}" for k, v in sorted(lowering.get("primitives_by_kind", {}).items()))
@@ -112,3 +112,8 @@ def _ids(ids) -> str:
 
 def _ms(value) -> str:
     return "n/a" if value is None else f"{value:.3f} ms"
+
+
+def _budget(report: dict) -> str:
+    per_kernel = report.get("trials_per_kernel")
+    return f"{per_kernel} per kernel" if per_kernel else str(report.get("trials_budget", 0))
