@@ -23,17 +23,20 @@ def test_tvm_kinds_cover_the_convolutions_and_add_up_to_a_run(korch):
     device = tvm.cpu(0)
     vm = relax.VirtualMachine(executable, device)
     args = [tvm.runtime.tensor(INPUT, device)]
-    profile = tvm_kind_times(vm, args, kinds, runs=5)
+    # the least of three profiles and of five plain runs: a busy machine only adds time
+    profile = min((tvm_kind_times(vm, args, kinds, runs=3) for _ in range(3)),
+                  key=lambda times: sum(times.values()))
     assert set(profile) == set(PROFILE_KINDS)
     for kind in ("conv1x1", "conv3x3", "conv_depthwise"):
         assert profile[kind] > 0, kind
     assert profile["matmul"] == 0 and profile[RUNTIME] >= 0
-    started = time.perf_counter()
+    plain = []
     for _ in range(5):
+        started = time.perf_counter()
         vm["main"](*args)
-    plain_ms = (time.perf_counter() - started) * 1e3 / 5
+        plain.append((time.perf_counter() - started) * 1e3)
     # the kinds account for the run: at most a little more (per-call timing), never much less
-    assert 0.5 * plain_ms <= sum(profile.values()) <= 3 * plain_ms + 0.5
+    assert 0.5 * min(plain) <= sum(profile.values()) <= 3 * min(plain) + 1.0
     vm["main"](*args)  # the hook is removed afterwards
 
 

@@ -819,6 +819,17 @@ def time_runtimes(model, libraries: Mapping[str, str], input_shapes, threads, wi
                   repeat, warmup, min_sample_s, gap_s,
                   max_seconds=None) -> dict[str, list[float]]:
     """Load the libraries (and an ORT session) in this process and time them interleaved."""
+    inputs, args, vms = _loaded(model, libraries, input_shapes)
+    runners = {name: (lambda main=vms[name]["main"]: main(*args)) for name in ("stock", "korch")}
+    if with_ort:
+        session = _ort_session(model, threads)
+        runners["onnxruntime"] = lambda: session.run(None, inputs)
+    return interleaved_samples(runners, repeat, warmup=warmup, min_sample_s=min_sample_s,
+                               gap_s=gap_s, max_seconds=max_seconds)
+
+
+def _loaded(model, libraries: Mapping[str, str], input_shapes):
+    """(ONNX inputs by name, the same as TVM tensors, a Relax VM per library) for timing."""
     import numpy as np
     import tvm
     from tvm import relax
@@ -832,16 +843,11 @@ def time_runtimes(model, libraries: Mapping[str, str], input_shapes, threads, wi
     del proto
     device = tvm.cpu(0)
     args = [tvm.runtime.tensor(np.asarray(x), device) for x in inputs.values()]
-    runners = {}
-    for name in ("stock", "korch"):
+    vms = {}
+    for name, library in libraries.items():
         with _quiet_stderr():  # TVM warns once per loaded library scope ("Scope Loaded")
-            vm = relax.VirtualMachine(tvm.runtime.load_module(libraries[name]), device)
-        runners[name] = (lambda main=vm["main"]: main(*args))
-    if with_ort:
-        session = _ort_session(model, threads)
-        runners["onnxruntime"] = lambda: session.run(None, inputs)
-    return interleaved_samples(runners, repeat, warmup=warmup, min_sample_s=min_sample_s,
-                               gap_s=gap_s, max_seconds=max_seconds)
+            vms[name] = relax.VirtualMachine(tvm.runtime.load_module(library), device)
+    return inputs, args, vms
 
 
 def profile_by_kind(model, libraries: Mapping[str, str], kernel_kinds: Mapping[str, Mapping],
@@ -851,25 +857,11 @@ def profile_by_kind(model, libraries: Mapping[str, str], kernel_kinds: Mapping[s
     A separate pass, since timing every call slows the run a little: the latency numbers come
     from the plain interleaved runs, this only says where the time goes.
     """
-    import numpy as np
-    import tvm
-    from tvm import relax
-
-    from .frontend import input_dtypes, load_onnx
-    from .frontend import input_shapes as onnx_input_shapes
     from .kind_profile import ort_profiled_kind_times, tvm_kind_times
-    from .verify import random_inputs
 
-    proto = load_onnx(model)
-    inputs = random_inputs(onnx_input_shapes(proto, input_shapes or None), input_dtypes(proto))
-    del proto
-    device = tvm.cpu(0)
-    args = [tvm.runtime.tensor(np.asarray(x), device) for x in inputs.values()]
-    profiles = {}
-    for name, library in libraries.items():
-        with _quiet_stderr():
-            vm = relax.VirtualMachine(tvm.runtime.load_module(library), device)
-        profiles[name] = tvm_kind_times(vm, args, kernel_kinds.get(name, {}), runs=runs)
+    inputs, args, vms = _loaded(model, libraries, input_shapes)
+    profiles = {name: tvm_kind_times(vm, args, kernel_kinds.get(name, {}), runs=runs)
+                for name, vm in vms.items()}
     if with_ort:
         profiles["onnxruntime"] = ort_profiled_kind_times(
             lambda options: _ort_session(model, threads, options), inputs, runs=runs)
