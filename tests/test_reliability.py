@@ -276,8 +276,10 @@ def test_runner_time_out_costs_its_time_out_not_a_crash(tmp_path, caplog):
     (kernel,) = [tvm.IRModule({"main": f.with_attr("global_symbol", "main")})
                  for _, f in relax.transform.LegalizeOps()(bb.get()).functions_items()
                  if isinstance(f, tvm.tirx.PrimFunc)]
-    runner = ms.runner.LocalRunner(timeout_sec=0.001, evaluator_config=evaluator_config(
+    runner = ms.runner.LocalRunner(timeout_sec=60, evaluator_config=evaluator_config(
         enable_cpu_cache_flush=False))
+    # only now the 1 ms time-out: the runner's start-up check of its worker must not hit it
+    runner.timeout_sec = runner.pool._timeout = 0.001
     log = TuningLog(tmp_path, target)
     with caplog.at_level(logging.WARNING, logger="korch_tvm.profiler"):
         costs = measure_kernels({"matmul": kernel}, target, log, runner=runner, progress=False)
