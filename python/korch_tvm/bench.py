@@ -17,7 +17,7 @@ What it does, in order:
    peak resident memory above the process's own baseline is reported.
 4. **Latency.** One process loads the stock and Korch libraries and an ONNX Runtime session
    (same thread count), warms each up, then runs interleaved rounds A B C A B C ...; a sample is
-   the mean of enough back-to-back calls to last `--min-sample-ms`, and a short pause between
+   the mean of enough back-to-back calls to last `--min-sample-ms`, and a pause (300 ms) between
    runtimes lets the previous runtime's spinning worker threads go to sleep. Reported: median,
    p10/p90 per runtime, and the ratios of medians together with the p10/p90 of the per-round
    (paired) ratios. A difference is called real only when the whole p10..p90 range of the
@@ -46,6 +46,11 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 
 RUNTIMES = ("stock", "korch", "onnxruntime")
+# Pause before each runtime's sample. With 20 ms, the previous runtime's worker threads were
+# still spinning on the 2 cores: YOLOX-nano measured ORT 30 ms and stock 39 ms interleaved vs
+# 9 and 25 ms alone (Korch, timed right after stock and sharing TVM's thread pool, was spared);
+# from 200 ms on, interleaved and alone agree within 5 %.
+GAP_MS = 300.0
 
 
 # ----------------------------------------------------------------------------- command line
@@ -80,9 +85,9 @@ def add_arguments(parser) -> None:
                         help="run fewer rounds (at least 5) when --repeat would take longer")
     parser.add_argument("--min-sample-ms", type=float, default=20.0,
                         help="a sample averages back-to-back calls until it lasts this long")
-    parser.add_argument("--gap-ms", type=float, default=20.0,
-                        help="pause between runtimes inside a round (lets spinning pool "
-                             "threads sleep)")
+    parser.add_argument("--gap-ms", type=float, default=GAP_MS,
+                        help="pause between runtimes inside a round, so the previous runtime's "
+                             f"spinning worker threads are asleep (default {GAP_MS:.0f})")
     parser.add_argument("--machine", metavar="MACHINE.json", default=None,
                         help="bandwidth and matmul peak from bench/floor.py: report "
                              "latency / physical floor")
@@ -603,7 +608,7 @@ def _ort_available() -> bool:
 def bench_model(model: str, *, target="llvm", tuning_logs=None, trials=0, trials_per_kernel=None,
                 time_budget=None,
                 prune_margin=None, input_shapes=None, threads=None, repeat=30, warmup=3,
-                min_sample_ms=20.0, gap_ms=20.0, max_timing_s=None, with_ort=True, warm=True,
+                min_sample_ms=20.0, gap_ms=GAP_MS, max_timing_s=None, with_ort=True, warm=True,
                 memory=True, machine=None, reports_dir=None, log=None) -> dict:
     """Compile `model` stock and Korch (cold, then warm), then time them with ONNX Runtime."""
     from .target import configure_threads, parse_target
@@ -743,7 +748,7 @@ def _add_floor(result: dict, machine) -> None:
 
 
 def retime(model, previous: dict, reports_dir: str, *, input_shapes=None, threads=None,
-           repeat=30, warmup=3, min_sample_ms=20.0, gap_ms=20.0, max_timing_s=None,
+           repeat=30, warmup=3, min_sample_ms=20.0, gap_ms=GAP_MS, max_timing_s=None,
            with_ort=True, machine=None) -> dict:
     """Time again the warm libraries an earlier `bench_model` kept in `reports_dir`."""
     from .errors import KorchError
