@@ -410,3 +410,35 @@ def test_quiet_shows_only_errors_and_verbose_shows_debug(tmp_path, capsys):
     assert "DEBUG korch_tvm." in verbose
     names = set(re.findall(r"^\w+ (\S+):", normal + verbose, re.M))
     assert names and all(name.startswith("korch_tvm.") for name in names), names
+
+
+def test_ctrl_c_that_tvm_turned_into_a_runtime_error_still_exits_as_interrupted(monkeypatch,
+                                                                               capsys):
+    """Ctrl-C inside a Python callback that TVM called from C++ comes back as a bare
+    RuntimeError; the command line must still report an interruption (exit 130), not a bug."""
+    import signal
+
+    from korch_tvm import cli, interrupts
+
+    def interrupted_inside_tvm(args):
+        interrupts.note()  # what the SIGINT handler does when Ctrl-C arrives
+        raise RuntimeError("")
+
+    monkeypatch.setitem(cli.COMMANDS, "logs", interrupted_inside_tvm)
+    previous = signal.getsignal(signal.SIGINT)
+    try:
+        assert cli.main(["logs", "somewhere"]) == 130
+        assert signal.getsignal(signal.SIGINT) is interrupts.note_and_raise
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert "interrupted" in capsys.readouterr().err
+
+    def a_real_bug(args):
+        raise RuntimeError("boom")
+
+    monkeypatch.setitem(cli.COMMANDS, "logs", a_real_bug)
+    try:
+        assert cli.main(["logs", "somewhere"]) == 3  # no Ctrl-C this time: an internal error
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert "internal error: RuntimeError: boom" in capsys.readouterr().err

@@ -12,6 +12,7 @@ import logging
 import os
 import sys
 
+from . import interrupts
 from .errors import KorchError
 
 EXIT_USER_ERROR = 2
@@ -242,6 +243,7 @@ def main(argv=None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     configure_logging(getattr(args, "verbose", 0), getattr(args, "quiet", False))
+    interrupts.install()
     try:
         return COMMANDS[args.command](args)
     except KorchError as err:
@@ -251,6 +253,10 @@ def main(argv=None) -> int:
         print("korch-tvm: interrupted; tuning records written so far are kept", file=sys.stderr)
         return EXIT_INTERRUPTED
     except Exception as err:  # noqa: BLE001 - last line of defence: one line, not a traceback
+        if interrupts.pressed():  # a KeyboardInterrupt TVM turned into a RuntimeError
+            print("korch-tvm: interrupted; tuning records written so far are kept",
+                  file=sys.stderr)
+            return EXIT_INTERRUPTED
         if getattr(args, "verbose", 0):
             raise
         first = str(err).strip().splitlines()[0] if str(err).strip() else ""

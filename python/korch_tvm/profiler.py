@@ -30,6 +30,8 @@ import tvm
 import tvm_ffi
 
 from .errors import error_summary
+from .interrupts import is_plain
+from .interrupts import note as note_ctrl_c
 from .metaschedule_setup import (
     evaluator_config,
     evaluator_for_target,
@@ -133,12 +135,13 @@ def _ctrl_c_kept():
     finishes, its records are written, and the next check (`_raise_if_interrupted`, between
     batches) raises KeyboardInterrupt. A second Ctrl-C stops at once.
     """
-    if (threading.current_thread() is not threading.main_thread()
-            or signal.getsignal(signal.SIGINT) is not signal.default_int_handler):
+    previous = signal.getsignal(signal.SIGINT)
+    if threading.current_thread() is not threading.main_thread() or not is_plain(previous):
         yield
         return
 
     def remember(signum, frame):
+        note_ctrl_c()
         if _CTRL_C.is_set():
             _ABORT.set()
             raise KeyboardInterrupt
@@ -153,7 +156,7 @@ def _ctrl_c_kept():
         yield
         _raise_if_interrupted()
     finally:
-        signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.signal(signal.SIGINT, previous)
 
 
 def _raise_if_interrupted() -> None:
