@@ -42,10 +42,19 @@ class KorchConfig:
 
     @property
     def tunes(self) -> bool:
-        return self.trials > 0 or bool(self.trials_per_kernel)
+        return tunes(self.trials, self.trials_per_kernel)
 
     def trial_budget(self, kernels_to_tune: int) -> int:
-        """Total trials for `kernels_to_tune` kernels (see `trials_per_kernel`)."""
-        if self.trials_per_kernel is None:
-            return self.trials
-        return self.trials_per_kernel * kernels_to_tune
+        return trial_budget(self.trials, self.trials_per_kernel, kernels_to_tune)
+
+
+def tunes(trials: int, trials_per_kernel: int | None) -> bool:
+    """Whether a budget given either way asks for any search."""
+    return trials > 0 or bool(trials_per_kernel)
+
+
+def trial_budget(trials: int, trials_per_kernel: int | None, kernels_to_tune: int) -> int:
+    """Total trials: `trials`, or `trials_per_kernel` for each of `kernels_to_tune` kernels."""
+    if trials_per_kernel is None:
+        return trials
+    return trials_per_kernel * kernels_to_tune

@@ -29,6 +29,7 @@ from typing import Literal
 import tvm
 import tvm_ffi
 
+from .config import trial_budget, tunes
 from .errors import error_summary
 from .interrupts import is_plain
 from .interrupts import note as note_ctrl_c
@@ -232,7 +233,7 @@ def profile_kernels(
     started = time.perf_counter()
     costs = measure_kernels(kernels, target, tuning_log, time_budget=time_budget, runner=runner,
                             builder=builder, predictor=predictor, progress=progress)
-    if trials <= 0 and not trials_per_kernel:
+    if not tunes(trials, trials_per_kernel):
         return costs
     weights = dict(weights or {})
     shares = {}
@@ -240,9 +241,7 @@ def profile_kernels(
         default = tuning_log.default_seconds(kernels[name]) if cost.source != "predicted" else None
         if default is not None and math.isfinite(default):
             shares[name] = weights.get(name, 1.0) * default
-    if trials_per_kernel:
-        trials = trials_per_kernel * len(shares)
-    allocation = allocate_trials(shares, trials)
+    allocation = allocate_trials(shares, trial_budget(trials, trials_per_kernel, len(shares)))
     remaining = None if time_budget is None else time_budget - (time.perf_counter() - started)
     tuned = tune_kernels(kernels, allocation, target, tuning_log, time_budget=remaining,
                          runner=runner, builder=builder, progress=progress, seed=seed)
