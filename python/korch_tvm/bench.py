@@ -74,6 +74,8 @@ def add_arguments(parser) -> None:
                         help="static shape for a dynamic input (repeatable)")
     parser.add_argument("--threads", type=int, default=None,
                         help="threads for TVM and ONNX Runtime (default: every available core)")
+    parser.add_argument("--exact-math", dest="fast_math", action="store_false",
+                        help="both compiles keep TVM's libm exp/sigmoid/tanh/erf (see `compile`)")
     parser.add_argument("--json", metavar="OUT.json", default=None,
                         help="write the full result here")
     parser.add_argument("--reports-dir", metavar="DIR", default=None,
@@ -139,7 +141,8 @@ def run(args) -> int:
         min_sample_ms=args.min_sample_ms, gap_ms=args.gap_ms, max_timing_s=args.max_timing_s,
         with_ort=args.ort,
         warm=args.warm, memory=args.memory, machine=_load_json(args.machine),
-        reports_dir=args.reports_dir, log=None if args.quiet else _stderr)
+        reports_dir=args.reports_dir, log=None if args.quiet else _stderr,
+        fast_math=args.fast_math)
     if args.json:
         write_json(args.json, result)
     if not args.quiet:
@@ -500,7 +503,8 @@ def _worker_compile(task: dict) -> dict:
     configure_logging(task.get("verbose", 0), False)
     logging.getLogger("korch_tvm").setLevel(logging.INFO)
     changes = {"num_threads": task.get("threads"),
-               "trials_per_kernel": task.get("trials_per_kernel")}
+               "trials_per_kernel": task.get("trials_per_kernel"),
+               "fast_math": task.get("fast_math", True)}
     if task.get("prune_margin") is not None:
         changes["prune_margin"] = float(task["prune_margin"])
     config = KorchConfig(**changes)
@@ -609,7 +613,7 @@ def bench_model(model: str, *, target="llvm", tuning_logs=None, trials=0, trials
                 time_budget=None,
                 prune_margin=None, input_shapes=None, threads=None, repeat=30, warmup=3,
                 min_sample_ms=20.0, gap_ms=GAP_MS, max_timing_s=None, with_ort=True, warm=True,
-                memory=True, machine=None, reports_dir=None, log=None) -> dict:
+                memory=True, machine=None, reports_dir=None, log=None, fast_math=True) -> dict:
     """Compile `model` stock and Korch (cold, then warm), then time them with ONNX Runtime."""
     from .target import configure_threads, parse_target
 
@@ -622,7 +626,7 @@ def bench_model(model: str, *, target="llvm", tuning_logs=None, trials=0, trials
                             (trials, trials_per_kernel), time_budget,
                             prune_margin, input_shapes, threads, repeat, warmup, min_sample_ms,
                             gap_ms, max_timing_s, with_ort, warm, memory, machine, reports_dir,
-                            log)
+                            log, fast_math)
     finally:  # libraries (unless kept in reports_dir) and a throw-away log
         import shutil
 
@@ -631,7 +635,8 @@ def bench_model(model: str, *, target="llvm", tuning_logs=None, trials=0, trials
 
 def _bench_model(model, tvm_target, target, scratch, tuning_logs, budget, time_budget,
                  prune_margin, input_shapes, threads, repeat, warmup, min_sample_ms, gap_ms,
-                 max_timing_s, with_ort, warm, memory, machine, reports_dir, log) -> dict:
+                 max_timing_s, with_ort, warm, memory, machine, reports_dir, log,
+                 fast_math) -> dict:
     import tvm
 
     from .target import target_tag
@@ -654,6 +659,7 @@ def _bench_model(model, tvm_target, target, scratch, tuning_logs, budget, time_b
         "trials_budget": trials,
         "trials_per_kernel": trials_per_kernel,
         "time_budget": time_budget,
+        "fast_math": fast_math,
         "tuning_logs": os.path.abspath(tuning_logs),
         "protocol": {"repeat": repeat, "warmup": warmup, "min_sample_ms": min_sample_ms,
                      "gap_ms": gap_ms, "max_timing_s": max_timing_s,
@@ -673,7 +679,8 @@ def _bench_model(model, tvm_target, target, scratch, tuning_logs, budget, time_b
                     "trials": trials, "trials_per_kernel": trials_per_kernel,
                     "time_budget": time_budget, "verify": verify,
                     "input_shapes": input_shapes, "threads": threads, "library": library,
-                    "prune_margin": prune_margin if path == "korch" else None}
+                    "prune_margin": prune_margin if path == "korch" else None,
+                    "fast_math": fast_math}
             answer = _child(task, log)
             report = answer.pop("report")
             if reports_dir:

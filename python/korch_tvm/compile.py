@@ -64,6 +64,7 @@ def compile_model(model, target="llvm", *, korch: bool = True, tuning_logs: str 
         "tvm_version": tvm.__version__,
         "trials_budget": config.trials,
         "trials_per_kernel": config.trials_per_kernel,
+        "fast_math": config.fast_math,
     }
     config = config.with_changes(target=tvm_target)
     plan = None

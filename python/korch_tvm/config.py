@@ -30,6 +30,8 @@ class KorchConfig:
     # Lazy costing (lazy_costing.py): how much cheaper than its calibrated prediction a kernel no
     # plan has chosen yet may turn out. Larger measures more; prune_margin=inf measures all.
     lazy_margin: float = 0.2
+    # Vectorisable exp/sigmoid/tanh/erf on both paths (fast_math.py); off = TVM's libm calls.
+    fast_math: bool = True
     solver_time_limit: float = 10.0
     num_threads: int | None = None
     rpc_tracker: str | None = None

@@ -107,7 +107,7 @@ def plan_korch(mod: tvm.IRModule, config: KorchConfig, *, predict_only: bool = F
     clock = _StageClock()
 
     lowered = lower_to_primitives(mod)
-    graph = PrimitiveGraph.from_module(lowered)
+    graph = PrimitiveGraph.from_module(lowered, fast_math=config.fast_math)
     clock.lap("lowering")
     opaque = sorted({node.op_name for node in graph.nodes if not node.fusible})
     if opaque:

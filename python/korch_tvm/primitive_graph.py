@@ -29,6 +29,7 @@ from typing import Iterable, Sequence
 import tvm
 from tvm import relax
 
+from .fast_math import legalize_ops
 from .errors import KorchError
 from .primitive_kinds import op_kind
 
@@ -97,8 +98,10 @@ class PrimitiveGraph:
         return _finish(nodes, (), outputs, None, "main")
 
     @staticmethod
-    def from_module(mod: tvm.IRModule, func_name: str = "main") -> "PrimitiveGraph":
-        """Build the graph of `func_name`, which must be one dataflow block of primitive ops."""
+    def from_module(mod: tvm.IRModule, func_name: str = "main", *,
+                    fast_math: bool = True) -> "PrimitiveGraph":
+        """Build the graph of `func_name`, which must be one dataflow block of primitive ops;
+        `fast_math` picks the legalization of exp/sigmoid/tanh/erf (see fast_math.py)."""
         if func_name not in [gv.name_hint for gv in mod.get_global_vars()]:
             raise KorchError(f"the module has no function {func_name!r}; pass func_name=")
         func = mod[func_name]
@@ -108,7 +111,7 @@ class PrimitiveGraph:
                              "blocks); run relax.transform.ConvertToDataflow() first")
         relax_ops = {b.var: b.value.op.name for b in blocks[0].bindings
                      if isinstance(b.value, relax.Call) and isinstance(b.value.op, tvm.ir.Op)}
-        legal = tvm.transform.Sequential([relax.transform.LegalizeOps(),
+        legal = tvm.transform.Sequential([legalize_ops(fast_math),
                                           relax.transform.AnnotateTIROpPattern()])(mod)
         legal = _uniquify_callees(legal, func_name)
         return _read_legalized(legal, func_name, relax_ops)

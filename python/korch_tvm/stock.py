@@ -14,6 +14,7 @@ from tvm import relax
 
 from .config import KorchConfig
 from .costing import cost_kernels
+from .fast_math import legalize_ops
 from .kernel_kinds import kind_times, module_kernel_kinds
 from .kernels import kernel_module
 from .layout import mark_layout_free_weights
@@ -22,12 +23,13 @@ from .rewrite import apply_tuning_log, scheduled_kernel_count
 CALL_TIR = tvm.ir.Op.get("relax.call_tir")
 
 
-def stock_fusion(mod: tvm.IRModule, target) -> tvm.IRModule:
+def stock_fusion(mod: tvm.IRModule, target, *, fast_math: bool = True) -> tvm.IRModule:
     """The fusion TVM's own pipeline performs (relax.get_pipeline("zero") without the tuning),
-    with the kernels' constant weights marked layout free (as Korch's kernels are)."""
+    with the kernels' constant weights marked layout free and the same legalization of exp,
+    sigmoid, tanh and erf (fast_math.py) as Korch's kernels."""
     with target:
         fused = tvm.transform.Sequential([
-            relax.transform.LegalizeOps(),
+            legalize_ops(fast_math),
             relax.transform.AnnotateTIROpPattern(),
             relax.transform.FoldConstant(),
             relax.transform.FuseOps(),
@@ -51,7 +53,7 @@ def kernel_calls(mod: tvm.IRModule, func_name: str = "main") -> Counter:
 def run_stock(mod: tvm.IRModule, config: KorchConfig):
     """Fuse, tune (within the budget, reusing the log) and apply schedules; returns (mod, report)."""
     target = config.target
-    fused = stock_fusion(mod, target)
+    fused = stock_fusion(mod, target, fast_math=config.fast_math)
     calls = kernel_calls(fused)
     kernels = {name: kernel_module(fused[name]) for name in calls}
     costing = cost_kernels(kernels, config, weights=dict(calls))
