@@ -76,6 +76,9 @@ def add_arguments(parser) -> None:
                         help="threads for TVM and ONNX Runtime (default: every available core)")
     parser.add_argument("--exact-math", dest="fast_math", action="store_false",
                         help="both compiles keep TVM's libm exp/sigmoid/tanh/erf (see `compile`)")
+    parser.add_argument("--no-calibrate", dest="calibrate", action="store_false",
+                        help="do not keep each kernel's in-model / isolated time ratio in the "
+                             "tuning log (by default later Korch plans are costed with them)")
     parser.add_argument("--json", metavar="OUT.json", default=None,
                         help="write the full result here")
     parser.add_argument("--reports-dir", metavar="DIR", default=None,
@@ -142,7 +145,7 @@ def run(args) -> int:
         with_ort=args.ort,
         warm=args.warm, memory=args.memory, machine=_load_json(args.machine),
         reports_dir=args.reports_dir, log=None if args.quiet else _stderr,
-        fast_math=args.fast_math)
+        fast_math=args.fast_math, calibrate=args.calibrate)
     if args.json:
         write_json(args.json, result)
     if not args.quiet:
@@ -613,7 +616,8 @@ def bench_model(model: str, *, target="llvm", tuning_logs=None, trials=0, trials
                 time_budget=None,
                 prune_margin=None, input_shapes=None, threads=None, repeat=30, warmup=3,
                 min_sample_ms=20.0, gap_ms=GAP_MS, max_timing_s=None, with_ort=True, warm=True,
-                memory=True, machine=None, reports_dir=None, log=None, fast_math=True) -> dict:
+                memory=True, machine=None, reports_dir=None, log=None, fast_math=True,
+                calibrate=True) -> dict:
     """Compile `model` stock and Korch (cold, then warm), then time them with ONNX Runtime."""
     from .target import configure_threads, parse_target
 
@@ -626,7 +630,7 @@ def bench_model(model: str, *, target="llvm", tuning_logs=None, trials=0, trials
                             (trials, trials_per_kernel), time_budget,
                             prune_margin, input_shapes, threads, repeat, warmup, min_sample_ms,
                             gap_ms, max_timing_s, with_ort, warm, memory, machine, reports_dir,
-                            log, fast_math)
+                            log, fast_math, calibrate)
     finally:  # libraries (unless kept in reports_dir) and a throw-away log
         import shutil
 
@@ -636,9 +640,11 @@ def bench_model(model: str, *, target="llvm", tuning_logs=None, trials=0, trials
 def _bench_model(model, tvm_target, target, scratch, tuning_logs, budget, time_budget,
                  prune_margin, input_shapes, threads, repeat, warmup, min_sample_ms, gap_ms,
                  max_timing_s, with_ort, warm, memory, machine, reports_dir, log,
-                 fast_math) -> dict:
+                 fast_math, calibrate) -> dict:
     import tvm
 
+    from .in_model import fidelity_by_kind, kernel_rows, record_in_model_times
+    from .kind_profile import sum_by_kind
     from .target import target_tag
 
     keep = reports_dir or scratch
@@ -668,6 +674,7 @@ def _bench_model(model, tvm_target, target, scratch, tuning_logs, budget, time_b
     }
     phases = [("cold", False)] + ([("warm", True)] if warm else [])
     compiles: dict[str, dict] = {"stock": {}, "korch": {}}
+    final_reports = {}  # the timed libraries' compile reports
     libraries = {}
     for phase, verify in phases:
         for path in ("stock", "korch"):
@@ -686,6 +693,7 @@ def _bench_model(model, tvm_target, target, scratch, tuning_logs, budget, time_b
             if reports_dir:
                 write_json(os.path.join(reports_dir, f"{stem}.{path}.{phase}.json"), report)
             compiles[path][phase] = {**compile_summary(report), **answer}
+            final_reports[path] = report
             libraries[path] = library
             log(f"  {path} {phase}: {report['compile_seconds']:.1f} s, "
                 f"trials run {report.get('tuning', {}).get('trials_run', 0)}, modelled "
@@ -710,12 +718,23 @@ def _bench_model(model, tvm_target, target, scratch, tuning_logs, budget, time_b
                warmup=warmup, min_sample_ms=min_sample_ms, gap_ms=gap_ms,
                max_timing_s=max_timing_s)
     log("profile by kernel kind ...")
-    kinds = {path: compiles[path][phases[-1][0]].get("kernel_kinds") or {}
-             for path in ("stock", "korch")}
-    result["kind_profile_ms"] = profile_by_kind(model, libraries, kinds, input_shapes, threads,
-                                                with_ort)
+    kernel_ms, ort_kinds = profile_in_model(model, libraries, input_shapes, threads, with_ort)
+    result["kind_profile_ms"] = {
+        path: sum_by_kind(kernel_ms[path], final_reports[path].get("kernel_kinds") or {})
+        for path in ("stock", "korch")}
+    if ort_kinds is not None:
+        result["kind_profile_ms"]["onnxruntime"] = ort_kinds
     result["kind_modelled_ms"] = {path: compiles[path][phases[-1][0]].get("kind_ms")
                                   for path in ("stock", "korch")}
+    rows = {path: kernel_rows(final_reports[path], kernel_ms[path]) for path in ("stock", "korch")}
+    result["in_model"] = {"by_kind": {path: fidelity_by_kind(rows[path]) for path in rows},
+                          "kernels": rows}
+    if calibrate:
+        directory = os.path.join(tuning_logs, target_tag(tvm_target))
+        kept = record_in_model_times(directory, rows["stock"] + rows["korch"], stem)
+        result["in_model"]["recorded"] = kept
+        log(f"kept the in-model/isolated ratio of {kept} kernels in {directory} (later plans "
+            "use them; --no-calibrate leaves the log alone)")
     from .compile import _load_source
 
     source = _load_source(os.path.abspath(model), input_shapes)
@@ -862,22 +881,20 @@ def _loaded(model, libraries: Mapping[str, str], input_shapes):
     return inputs, args, vms
 
 
-def profile_by_kind(model, libraries: Mapping[str, str], kernel_kinds: Mapping[str, Mapping],
-                    input_shapes, threads, with_ort, runs: int = 10) -> dict[str, dict]:
-    """In-model milliseconds per kernel kind for each library (and ORT), after the timing.
-
-    A separate pass, since timing every call slows the run a little: the latency numbers come
-    from the plain interleaved runs, this only says where the time goes.
-    """
-    from .kind_profile import ort_profiled_kind_times, tvm_kind_times
+def profile_in_model(model, libraries: Mapping[str, str], input_shapes, threads, with_ort,
+                     runs: int = 10):
+    """({library name: {kernel: in-model ms per run}}, ORT's ms per kind or None), after the
+    timing: a separate pass, since timing every call slows the run a little, so the latency
+    numbers come from the plain interleaved runs and this only says where the time goes."""
+    from .kind_profile import ort_profiled_kind_times, tvm_kernel_times
 
     inputs, args, vms = _loaded(model, libraries, input_shapes)
-    profiles = {name: tvm_kind_times(vm, args, kernel_kinds.get(name, {}), runs=runs)
-                for name, vm in vms.items()}
+    kernel_ms = {name: tvm_kernel_times(vm, args, runs=runs) for name, vm in vms.items()}
+    ort_kinds = None
     if with_ort:
-        profiles["onnxruntime"] = ort_profiled_kind_times(
+        ort_kinds = ort_profiled_kind_times(
             lambda options: _ort_session(model, threads, options), inputs, runs=runs)
-    return profiles
+    return kernel_ms, ort_kinds
 
 
 # ----------------------------------------------------------------------------- text summary
@@ -915,6 +932,10 @@ def summary_lines(result: Mapping) -> list[str]:
 
         lines.append("  in-model time by kernel kind (per run):")
         lines += kind_table(result["kind_profile_ms"])
+    for path, by_kind in (result.get("in_model") or {}).get("by_kind", {}).items():
+        lines.append(f"  {path} kernels, isolated -> in-model ms: " + ", ".join(
+            f"{kind} {entry['isolated_ms']:.2f} -> {entry['in_model_ms']:.2f}"
+            for kind, entry in sorted(by_kind.items())))
     floor = result.get("floor")
     if floor:
         lines.append(f"  floor {floor['ms']:.3f} ms ({floor['bound']}-bound); latency/floor: "

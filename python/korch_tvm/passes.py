@@ -13,7 +13,7 @@ import math
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import tvm
 
@@ -24,7 +24,8 @@ from .costing import (default_schedule_costs, measure_costs, open_tuning_log, sh
                       summarize, tune_costs)
 from .fission import lower_to_primitives, lowering_stats
 from .gpu_rules import rules_for_target
-from .kernel_kinds import module_kernel_kinds, plan_kind_times
+from .in_model import load_in_model_times, scaled_costs
+from .kernel_kinds import kernel_kind, module_kernel_kinds, plan_kind_times
 from .kernels import distinct_kernels
 from .lazy_costing import solve_lazily
 from .orchestration import solve_orchestration
@@ -71,6 +72,7 @@ class KorchPlan:
     tuning_log: object
     target: object
     stage_seconds: dict
+    in_model_factors: dict = field(default_factory=dict)  # key -> in-model/isolated used
 
     @property
     def chosen_groups(self) -> list[frozenset[int]]:
@@ -83,7 +85,7 @@ class KorchPlan:
     def report(self) -> dict:
         """The planning part of the compile report (JSON-friendly)."""
         plan = plan_report(self.graph, self.candidates, self.kept, self.problems, self.plans,
-                           self.chosen, self.kernel_keys, self.costs)
+                           self.chosen, self.kernel_keys, self.costs, self.in_model_factors)
         plan["opaque_ops"] = sorted({op for _, op in self.opaque_primitives()})
         return {
             "lowering": lowering_stats(self.source, self.lowered),
@@ -131,7 +133,18 @@ def plan_korch(mod: tvm.IRModule, config: KorchConfig, *, predict_only: bool = F
                     if kernels.keys[i] is not None}
     clock.lap("prediction")
 
+    # In-model / isolated time ratios kept by earlier benchmarks (in_model.py); {} without.
+    in_model = load_in_model_times(tuning_log.directory)
+    factors = in_model.factors({key: kernel_kind(module["main"])
+                                for key, module in kept_kernels.items()}) if in_model else {}
+    if in_model:
+        logger.info("costs scaled to in-model time: %d kernels by their own ratio, the rest by "
+                    "their kind's (%s)", sum(key in in_model.ratios for key in kept_kernels),
+                    ", ".join(f"{kind} {ratio:.2f}"
+                              for kind, ratio in sorted(in_model.kind_ratios().items())))
+
     def solve(costs, usable=kept):
+        costs = scaled_costs(costs, factors)
         problems = orchestration_problems(graph, pieces, candidates, usable, kernels.keys, costs)
         plans = [solve_orchestration(problem.problem, time_limit=config.solver_time_limit)
                  for problem in problems]
@@ -144,7 +157,7 @@ def plan_korch(mod: tvm.IRModule, config: KorchConfig, *, predict_only: bool = F
         clock.lap("orchestration")
         return KorchPlan(mod, lowered, graph, pieces, candidates, kept, kernels.keys,
                          kernels.modules, costs, problems, plans, chosen, tuning_log, target,
-                         clock.seconds)
+                         clock.seconds, factors)
 
     stock_keys = {kernels.keys[i] for i in kept
                   if candidates[i].is_stock and kernels.keys[i] is not None}
@@ -176,7 +189,7 @@ def plan_korch(mod: tvm.IRModule, config: KorchConfig, *, predict_only: bool = F
                       for key in kept_kernels if key not in costs}
     return KorchPlan(mod, lowered, graph, pieces, candidates, kept, kernels.keys,
                      kernels.modules, {**never_measured, **costs}, problems, plans, chosen,
-                     tuning_log, target, clock.seconds)
+                     tuning_log, target, clock.seconds, factors)
 
 
 MEMORY_BOUND = "memory-bound"
@@ -270,6 +283,9 @@ def rewrite_plan(plan: KorchPlan):
     report["stage_seconds"] = {**plan.stage_seconds,
                                "rewrite": round(time.perf_counter() - rewrite_started, 3)}
     report["modelled_ms"] = report["plan"]["modelled_ms"]
+    if plan.in_model_factors:
+        report["modelled_isolated_ms"] = sum(kernel["isolated_ms"] or 0.0
+                                             for kernel in report["plan"]["kernels"])
     report["kind_ms"] = plan_kind_times(optimized, report["plan"])  # conv 1x1 / matmul / ...
     report["kernel_kinds"] = module_kernel_kinds(optimized)
     return optimized, report

@@ -92,8 +92,10 @@ def plan_groups(problems: Sequence[Subproblem], plans: Sequence[Plan]) -> list[t
     return chosen
 
 
-def plan_report(graph, candidates, kept, problems, plans, chosen, key_of_candidate, costs) -> dict:
-    """What the solver did, per piece and in total; JSON-friendly."""
+def plan_report(graph, candidates, kept, problems, plans, chosen, key_of_candidate, costs,
+                in_model_factors: Mapping[str, float] | None = None) -> dict:
+    """What the solver did, per piece and in total; JSON-friendly. A kernel's "ms" is the cost
+    the solver used (its isolated cost times its in-model factor), "isolated_ms" the former."""
     computed = [node for i in chosen for node in candidates[i].nodes]
     stock_parts = [plan.stock_objective for plan in plans]
     stock_ms = (sum(stock_parts) * 1e3 if all(s is not None for s in stock_parts) else None)
@@ -116,18 +118,21 @@ def plan_report(graph, candidates, kept, problems, plans, chosen, key_of_candida
              "seconds": round(plan.seconds, 3), "cycle_cuts": plan.cycle_cuts,
              "warm_start": plan.warm_start}
             for p, plan in zip(problems, plans)],
-        "kernels": [_kernel_entry(graph, candidates[i], key_of_candidate[i], costs) for i in chosen],
+        "kernels": [_kernel_entry(graph, candidates[i], key_of_candidate[i], costs,
+                                  (in_model_factors or {}).get(key_of_candidate[i], 1.0))
+                    for i in chosen],
     }
 
 
-def _kernel_entry(graph, candidate, key, costs) -> dict:
+def _kernel_entry(graph, candidate, key, costs, in_model_factor: float) -> dict:
     """One chosen kernel: its primitives, their ops, and its cost with where it came from."""
     cost = costs.get(key) if key is not None else None
     return {
         "primitives": sorted(candidate.nodes),
         "ops": [graph.nodes[i].op_name.removeprefix("relax.") for i in sorted(candidate.nodes)],
         "key": key,
-        "ms": None if cost is None else _finite_or_none(cost.seconds * 1e3),
+        "ms": None if cost is None else _finite_or_none(cost.seconds * in_model_factor * 1e3),
+        "isolated_ms": None if cost is None else _finite_or_none(cost.seconds * 1e3),
         "cost_source": "opaque" if cost is None else cost.source,
         "stock_group": bool(candidate.is_stock),
     }

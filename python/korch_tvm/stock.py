@@ -15,8 +15,9 @@ from tvm import relax
 from .config import KorchConfig
 from .costing import cost_kernels
 from .fast_math import legalize_ops
+from .in_model import load_in_model_times
 from .kernel_kinds import kind_times, module_kernel_kinds
-from .kernels import kernel_module
+from .kernels import kernel_module, structural_key
 from .layout import mark_layout_free_weights
 from .rewrite import apply_tuning_log, scheduled_kernel_count
 
@@ -58,21 +59,36 @@ def run_stock(mod: tvm.IRModule, config: KorchConfig):
     kernels = {name: kernel_module(fused[name]) for name in calls}
     costing = cost_kernels(kernels, config, weights=dict(calls))
     tuned = apply_tuning_log(fused, costing.tuning_log.database, target)
-    modelled = sum(costing.costs[name].seconds * count for name, count in calls.items())
-    kernel_ms = {name: _finite_ms(costing.costs[name].seconds) for name in calls}
     kinds = module_kernel_kinds(fused)
+    keys = {name: structural_key(kernels[name]) for name in calls}
+    # The same in-model scaling as Korch's plan (in_model.py), so both modelled numbers compare.
+    in_model = load_in_model_times(costing.tuning_log.directory)
+    factors = in_model.factors({keys[name]: kinds.get(name, "memory") for name in calls})
+    isolated_ms = {name: _finite_ms(costing.costs[name].seconds) for name in calls}
+    kernel_ms = {name: _finite_ms(costing.costs[name].seconds * factors.get(keys[name], 1.0))
+                 for name in calls}
     report = {
         "kernel_calls": sum(calls.values()),
         "tuning": costing.summary,
-        "modelled_ms": modelled * 1e3,
+        "modelled_ms": _total_ms(kernel_ms, calls),
         # per kernel (ms of one call) and per kind (ms per model run), for the bench's profile
         "kernels": [{"name": name, "calls": count, "ms": kernel_ms[name],
-                     "kind": kinds.get(name, "memory")} for name, count in calls.items()],
+                     "isolated_ms": isolated_ms[name], "kind": kinds.get(name, "memory"),
+                     "key": keys[name]}
+                    for name, count in calls.items()],
         "kind_ms": kind_times(fused, kernel_ms, calls),
         "kernel_kinds": kinds,
         "kernels_with_tuned_schedule": "{}/{}".format(*scheduled_kernel_count(tuned)),
     }
+    if in_model:
+        report["modelled_isolated_ms"] = _total_ms(isolated_ms, calls)
     return tuned, report
+
+
+def _total_ms(kernel_ms, calls) -> float:
+    """Sum over calls; an unmeasurable kernel makes the total infinite."""
+    return sum(math.inf if kernel_ms[name] is None else kernel_ms[name] * count
+               for name, count in calls.items())
 
 
 def _finite_ms(seconds: float) -> float | None:

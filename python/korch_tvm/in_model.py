@@ -1,0 +1,174 @@
+"""Kernel time inside the model vs isolated, and the correction later plans are made with.
+
+The solver adds up kernel costs measured in isolation, but a kernel runs differently inside a
+model: its input is warm from the kernel before it, its weights may or may not be, the worker
+threads are already awake. Measured on YOLOX-nano at 64 trials per kernel (before fast math):
+TVM's fused conv + bias + SiLU kernels took 0.64x their isolated time in the model, the plain
+convolutions Korch chose instead 1.6x; the plan, picked on isolated costs, split the epilogues
+out (stock modelled 37.2 ms, measured 24.6; Korch modelled 26.0, measured 24.8).
+
+`korch-tvm bench` times every kernel call in the running model (`kind_profile`). Here
+those times are joined with the compile report into rows (kernel, kind, isolated ms, in-model
+ms), and the ratio in-model / isolated of each kernel is kept beside the tuning log
+(`in_model_times.json`). A later Korch plan scales each candidate's isolated cost by its own
+ratio when it was timed in a model, else by the median ratio of its kernel kind (conv 1x1,
+depthwise, ..., memory-bound), else leaves it. The stock path's modelled latency is scaled the
+same way, for the report only.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import logging
+import math
+import os
+import statistics
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+
+from .primitive_graph import KERNEL_PREFIX
+
+logger = logging.getLogger(__name__)
+
+FILE_NAME = "in_model_times.json"
+FORMAT_VERSION = 1
+# Ratios outside this range are a broken measurement (a kernel timed while the machine was
+# swapping, a name joined to the wrong kernel), not a property of the kernel.
+PLAUSIBLE_RATIO = (0.1, 10.0)
+
+
+@dataclass(frozen=True)
+class InModelTimes:
+    """Per kernel key, in-model / isolated time, and the kind of each timed kernel."""
+
+    ratios: Mapping[str, float]
+    kinds: Mapping[str, str]
+
+    def __bool__(self) -> bool:
+        return bool(self.ratios)
+
+    def kind_ratios(self) -> dict[str, float]:
+        by_kind: dict[str, list[float]] = {}
+        for key, ratio in self.ratios.items():
+            by_kind.setdefault(self.kinds.get(key, "memory"), []).append(ratio)
+        return {kind: statistics.median(values) for kind, values in by_kind.items()}
+
+    def factors(self, kinds_of_keys: Mapping[str, str]) -> dict[str, float]:
+        """The factor for each key: its own ratio, else its kind's median ratio, else 1."""
+        by_kind = self.kind_ratios()
+        return {key: self.ratios.get(key, by_kind.get(kind, 1.0))
+                for key, kind in kinds_of_keys.items()}
+
+
+def scaled_costs(costs: Mapping[str, object], factors: Mapping[str, float]) -> dict:
+    """KernelCosts with their seconds multiplied by the key's factor (missing: unchanged)."""
+    return {key: cost if factors.get(key, 1.0) == 1.0
+            else replace(cost, seconds=cost.seconds * factors[key])
+            for key, cost in costs.items()}
+
+
+# ----------------------------------------------------------------------------- joining
+def kernel_rows(report: Mapping, kernel_ms: Mapping[str, float]) -> list[dict]:
+    """One row per kernel of a compile report that ran in the model: name, key, kind, isolated
+    ms and in-model ms, both per model run (a stock kernel called twice counts twice).
+
+    `kernel_ms` is `kind_profile.tvm_kernel_times` of the report's library.
+    """
+    kinds = report.get("kernel_kinds") or {}
+    if report.get("korch"):
+        entries = [(f"{KERNEL_PREFIX}{index}", kernel.get("key"), kernel.get("isolated_ms",
+                                                                                kernel.get("ms")), 1)
+                   for index, kernel in enumerate(report["plan"]["kernels"])]
+    else:
+        entries = [(kernel["name"], kernel.get("key"), kernel.get("ms"), kernel.get("calls", 1))
+                   for kernel in report.get("kernels", [])]
+    rows = []
+    for name, key, isolated_ms, calls in entries:
+        if key is None or isolated_ms is None or name not in kernel_ms:
+            continue  # opaque, unmeasurable, or not called in this run
+        rows.append({"name": name, "key": key, "kind": kinds.get(name, "memory"),
+                     "isolated_ms": isolated_ms * calls, "in_model_ms": kernel_ms[name]})
+    return rows
+
+
+def fidelity_by_kind(rows: Sequence[Mapping]) -> dict[str, dict]:
+    """Per kind: summed isolated and in-model ms and their ratio, for the bench summary."""
+    table: dict[str, dict] = {}
+    for row in rows:
+        entry = table.setdefault(row["kind"], {"isolated_ms": 0.0, "in_model_ms": 0.0})
+        entry["isolated_ms"] += row["isolated_ms"]
+        entry["in_model_ms"] += row["in_model_ms"]
+    for entry in table.values():
+        entry["ratio"] = (entry["in_model_ms"] / entry["isolated_ms"]
+                          if entry["isolated_ms"] > 0 else None)
+    return table
+
+
+# ----------------------------------------------------------------------------- the store
+def load_in_model_times(directory: str | None) -> InModelTimes:
+    """What `record_in_model_times` kept in `directory`; empty when there is nothing (or the
+    file is unreadable: it is then moved aside with a warning, and plans use isolated costs)."""
+    path = os.path.join(directory, FILE_NAME) if directory else None
+    if path is None or not os.path.exists(path):
+        return InModelTimes({}, {})
+    try:
+        with open(path, encoding="utf-8") as handle:
+            data = json.load(handle)
+        if data.get("version") != FORMAT_VERSION:
+            raise ValueError(f"format version {data.get('version')!r}, expected {FORMAT_VERSION}")
+        entries = data["kernels"]
+        ratios = {key: float(entry["ratio"]) for key, entry in entries.items()}
+        kinds = {key: str(entry["kind"]) for key, entry in entries.items()}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
+        aside = path + ".corrupt"
+        logger.warning("%s is unreadable (%s); moved to %s, plans use isolated kernel costs",
+                       path, err, aside)
+        try:
+            os.replace(path, aside)
+        except OSError:
+            pass
+        return InModelTimes({}, {})
+    return InModelTimes({key: ratio for key, ratio in ratios.items() if _plausible(ratio)},
+                        kinds)
+
+
+def record_in_model_times(directory: str, rows: Sequence[Mapping], model: str) -> int:
+    """Keep each row's ratio in `directory` (the target's tuning-log directory), replacing
+    an older ratio of the same kernel; returns how many were kept. Rows whose ratio is
+    implausible (see PLAUSIBLE_RATIO) are dropped with a warning."""
+    entries = {}
+    for row in rows:
+        ratio = row["in_model_ms"] / row["isolated_ms"] if row["isolated_ms"] > 0 else math.inf
+        if not _plausible(ratio):
+            logger.warning("in-model time of %s (%s) is %.3g x its isolated time; not kept",
+                           row["name"], row["key"], ratio)
+            continue
+        entries[row["key"]] = {"ratio": ratio, "kind": row["kind"], "model": model,
+                               "isolated_ms": row["isolated_ms"],
+                               "in_model_ms": row["in_model_ms"],
+                               "date": time.strftime("%Y-%m-%d %H:%M:%S")}
+    if not entries:
+        return 0
+    os.makedirs(directory, exist_ok=True)
+    path = os.path.join(directory, FILE_NAME)
+    with open(path + ".lock", "ab") as lock:  # two benches writing at once lose nothing
+        fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
+        existing = {}
+        if os.path.exists(path) and load_in_model_times(directory):
+            with open(path, encoding="utf-8") as handle:
+                existing = json.load(handle)["kernels"]
+        existing.update(entries)
+        handle = tempfile.NamedTemporaryFile("w", dir=directory, suffix=".tmp", delete=False,
+                                             encoding="utf-8")
+        with handle:
+            json.dump({"version": FORMAT_VERSION, "kernels": existing}, handle, indent=1,
+                      sort_keys=True)
+        os.replace(handle.name, path)  # readers see the old file or the new one, never half
+    return len(entries)
+
+
+def _plausible(ratio: float) -> bool:
+    return PLAUSIBLE_RATIO[0] <= ratio <= PLAUSIBLE_RATIO[1]
