@@ -76,9 +76,10 @@ def add_arguments(parser) -> None:
                         help="threads for TVM and ONNX Runtime (default: every available core)")
     parser.add_argument("--exact-math", dest="fast_math", action="store_false",
                         help="both compiles keep TVM's libm exp/sigmoid/tanh/erf (see `compile`)")
-    parser.add_argument("--no-calibrate", dest="calibrate", action="store_false",
-                        help="do not keep each kernel's in-model / isolated time ratio in the "
-                             "tuning log (by default later Korch plans are costed with them)")
+    parser.add_argument("--calibrate", action="store_true",
+                        help="keep each kernel's in-model / isolated time ratio in the tuning "
+                             "log, so later plans are costed with them (experimental: the "
+                             "per-call timing disturbs the run, see in_model.py)")
     parser.add_argument("--json", metavar="OUT.json", default=None,
                         help="write the full result here")
     parser.add_argument("--reports-dir", metavar="DIR", default=None,
@@ -617,7 +618,7 @@ def bench_model(model: str, *, target="llvm", tuning_logs=None, trials=0, trials
                 prune_margin=None, input_shapes=None, threads=None, repeat=30, warmup=3,
                 min_sample_ms=20.0, gap_ms=GAP_MS, max_timing_s=None, with_ort=True, warm=True,
                 memory=True, machine=None, reports_dir=None, log=None, fast_math=True,
-                calibrate=True) -> dict:
+                calibrate=False) -> dict:
     """Compile `model` stock and Korch (cold, then warm), then time them with ONNX Runtime."""
     from .target import configure_threads, parse_target
 
@@ -734,7 +735,7 @@ def _bench_model(model, tvm_target, target, scratch, tuning_logs, budget, time_b
         kept = record_in_model_times(directory, rows["stock"] + rows["korch"], stem)
         result["in_model"]["recorded"] = kept
         log(f"kept the in-model/isolated ratio of {kept} kernels in {directory} (later plans "
-            "use them; --no-calibrate leaves the log alone)")
+            "use them; delete the file to go back to isolated costs)")
     from .compile import _load_source
 
     source = _load_source(os.path.abspath(model), input_shapes)
