@@ -259,6 +259,7 @@ def model_row(name: str, result: dict) -> dict:
         "trials_budget": (result["trials_budget"] if result.get("trials_per_kernel") is None
                           else f"{result['trials_per_kernel']}/kernel"),
         "kind_profile_ms": result.get("kind_profile_ms"),
+        "fast_math": bool(result.get("fast_math")),  # runs before fast math have no key
         "trials_run_cold": {"stock": stock["cold"]["trials_run"],
                             "korch": korch["cold"]["trials_run"]},
         "trials_run_warm": {"stock": warm_s.get("trials_run"), "korch": warm_k.get("trials_run")},
@@ -303,17 +304,17 @@ def markdown(summary: dict) -> str:
                        f"GFLOP/s (numpy sgemm {peaks['numpy_sgemm_gflops']}), memory bandwidth "
                        f"{peaks['bandwidth_gb_per_s']} GB/s.")
         out.append("")
-    out.append("| model | stock ms | Korch ms | ORT ms | Korch/stock | Korch/ORT | floor ms | "
+    out.append("| model | math | stock ms | Korch ms | ORT ms | Korch/stock | Korch/ORT | floor ms | "
                "Korch/floor | compile cold s (stock / Korch) | warm s (stock / Korch) | "
                "peak compile MB (stock / Korch) | inference MB (stock / Korch / ORT) | "
                "trials | candidates (distinct, pruned) | kernels (Korch / stock) | "
                "solver gap | verify err |")
-    out.append("|" + "---|" * 17)
+    out.append("|" + "---|" * 18)
     for r in rows:
         mem = r.get("inference_peak_mb") or {}
         lof = (r.get("latency_over_floor") or {}).get("korch")
         out.append(
-            f"| {DISPLAY.get(r['model'], r['model'])} "
+            f"| {DISPLAY.get(r['model'], r['model'])} | {'fast' if r['fast_math'] else 'exact'} "
             f"| {_fmt(r['stock_ms']['median'], 3)} ±{_spread(r['stock_ms'])} "
             f"| {_fmt(r['korch_ms']['median'], 3)} ±{_spread(r['korch_ms'])} "
             f"| {_fmt(r['ort_ms']['median'], 3) if r['ort_ms'] else '–'} "
@@ -339,7 +340,9 @@ def markdown(summary: dict) -> str:
                f"**{_fmt(summary['geomean_korch_vs_ort'], 2, '×')}**. Ratios are speed-ups "
                "(> 1: Korch faster); in brackets the p10–p90 of the per-round paired ratio; "
                "'≈' marks a difference inside that spread. ± is (p90 − p10) / 2 of the "
-               "samples.\n")
+               "samples. Math: how exp/sigmoid/tanh/erf were legalized (fast_math.py; 'exact' "
+               "rows ran before fast math existed, and a model without those functions builds "
+               "the same kernels either way).\n")
     out += kind_profile_table(rows)
     earlier = [r for r in rows if r.get("earlier_timings")]
     if earlier:
@@ -370,7 +373,7 @@ def kind_profile_table(rows) -> list[str]:
     kinds = ["conv1x1", "conv_depthwise", "conv3x3", "conv_other", "matmul", "memory", "runtime"]
     out = ["In-model time by kernel kind (ms per run; every kernel call timed by the Relax VM's "
            "instrument hook, ORT by its profiler, so totals run a little above the latency):\n",
-           "| model | runtime | " + " | ".join(kinds) + " | total |",
+           "| model | library | " + " | ".join(kinds) + " | total |",
            "|" + "---|" * (len(kinds) + 3)]
     for r in profiled:
         for runtime, times in r["kind_profile_ms"].items():
