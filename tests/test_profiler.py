@@ -11,7 +11,8 @@ from tvm import relax
 from tvm.s_tir import meta_schedule as ms
 from tvm.script import tirx as T
 
-from korch_tvm.profiler import FAILED_ATTEMPTS_KEPT, KernelCost, profile_kernels, rpc_runner
+from korch_tvm.profiler import (FAILED_ATTEMPTS_KEPT, KernelCost, profile_kernels, rpc_runner,
+                                 tune_kernels)
 from korch_tvm.target import parse_target
 from korch_tvm.tuning_log import TuningLog
 
@@ -185,3 +186,28 @@ def test_trials_go_where_the_time_goes():
     assert allocate_trials(shares, 3) == {name: 0 for name in shares}     # below one task's worth
     assert allocate_trials({"a": 1.0, "b": 1.0}, 4) == {"a": 4, "b": 0}    # ties by name
     assert allocate_trials({"a": float("inf"), "b": 1.0}, 8) == {"a": 0, "b": 8}
+
+
+def test_a_kernel_whose_search_runs_out_is_not_searched_again(tmp_path):
+    """A tiny elementwise kernel has only a few distinct schedules: MetaSchedule returns far
+    fewer records than the trials asked. The trials asked still count, so a re-run tunes
+    nothing (it used to search again on every compile)."""
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((4,), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            out = bb.emit_output(bb.emit(relax.op.add(x, x)))
+        bb.emit_func_output(out)
+    legal = relax.transform.LegalizeOps()(bb.get())
+    kernel = next(tvm.IRModule({"main": f.with_attr("global_symbol", "main")})
+                  for _, f in legal.functions_items() if isinstance(f, tvm.tirx.PrimFunc))
+    log = TuningLog(tmp_path, TARGET)
+    log.commit_run(kernel, [1e-6])   # its default-schedule measurement
+    first = tune_kernels({"add": kernel}, {"add": 32}, TARGET, log, progress=False)
+    records = log.record_count(kernel)
+    assert first["add"].source == "tuned" and 1 + first["add"].trials == records
+    assert records - 1 < 32 // 2, records   # the search ran out well short of the budget
+    assert log.tuning_attempts(kernel) == 32
+    again = TuningLog(tmp_path, TARGET)
+    assert tune_kernels({"add": kernel}, {"add": 32}, TARGET, again, progress=False) == {}
+    assert again.record_count(kernel) == records

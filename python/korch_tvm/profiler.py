@@ -277,8 +277,9 @@ def allocate_trials(shares: Mapping[str, float], budget: int,
 
 
 def tuned_trials(tuning_log: TuningLog, kernel_mod: tvm.IRModule) -> int:
-    """Trials already spent on a kernel: its records beyond the default-schedule measurement."""
-    return max(0, tuning_log.record_count(kernel_mod) - 1)
+    """Trials already spent on a kernel: its records beyond the default-schedule measurement,
+    or the trials asked of MetaSchedule when that is more (its search ran out of candidates)."""
+    return max(tuning_log.record_count(kernel_mod) - 1, tuning_log.tuning_attempts(kernel_mod))
 
 
 def tune_kernels(
@@ -504,6 +505,8 @@ def _tune(names, kernels, target, tuning_log, builder, runner, per_task, deadlin
         errors = _tune_group(chunk, kernels, target, tuning_log, builder, runner, per_task,
                              seed + start)
         done = {n: tuning_log.record_count(kernels[n]) - before[n] for n in chunk}
+        for name in chunk:
+            tuning_log.add_tuning_attempts(kernels[name], per_task)
         if sum(done.values()):
             seconds_per_trial = (time.perf_counter() - began) / sum(done.values())
         for name in chunk:

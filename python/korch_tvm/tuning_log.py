@@ -42,6 +42,10 @@ logger = logging.getLogger("korch_tvm.tuning_log")
 WORKLOAD_FILE = "database_workload.json"
 RECORD_FILE = "database_tuning_record.json"
 LOCK_FILE = ".korch.lock"
+# Trials asked of MetaSchedule per workload line, one JSON line [workload line, trials] per
+# tuning round. A kernel whose search space is small yields fewer records than trials asked;
+# without this it would look under-tuned, and be searched again, on every compile.
+ATTEMPTS_FILE = "tuning_attempts.json"
 # MetaSchedule records a failed build/run with this mean time (kMaxMeanTime in its C++ code).
 FAILED_RUN_SECONDS = 1e10
 
@@ -167,6 +171,7 @@ class TuningLog:
         self.writable = self._make_directory()
         self._thread_lock = threading.RLock()
         self._lock_depth = 0
+        self._unsaved_attempts: dict[int, int] = {}  # a read-only log's, for this process
         self._table = _Table()
         with self._locked():
             self._load_all()
@@ -219,6 +224,37 @@ class TuningLog:
             for line, runs in sorted(table.records.items())
             if runs
         ]
+
+    def tuning_attempts(self, kernel_mod: tvm.IRModule) -> int:
+        """Trials MetaSchedule has been asked for on this kernel, over all tuning rounds."""
+        self.refresh()
+        line = self._table.find(kernel_mod)
+        return 0 if line is None else self._read_attempts().get(line, 0)
+
+    def add_tuning_attempts(self, kernel_mod: tvm.IRModule, trials: int) -> None:
+        with self._locked():
+            self._sync()
+            line = self._table.find(kernel_mod)
+            if line is None:
+                self._commit_workload(kernel_mod)
+                line = self._table.find(kernel_mod)
+            if self.writable:
+                with open(self._path(ATTEMPTS_FILE), "ab"):
+                    pass
+                self._append(ATTEMPTS_FILE, _dump_line([line, int(trials)]))
+            else:
+                self._unsaved_attempts[line] = self._unsaved_attempts.get(line, 0) + int(trials)
+
+    def _read_attempts(self) -> dict[int, int]:
+        attempts = dict(self._unsaved_attempts)
+        for number, line in enumerate(self._read(ATTEMPTS_FILE).splitlines(), 1):
+            try:
+                workload, trials = json.loads(line)
+                attempts[int(workload)] = attempts.get(int(workload), 0) + int(trials)
+            except (ValueError, TypeError):
+                logger.warning("tuning log %s: %s line %d is corrupt; ignored", self.directory,
+                               ATTEMPTS_FILE, number)
+        return attempts
 
     def commit_run(self, kernel_mod: tvm.IRModule, run_seconds: Sequence[float] | None,
                    trace=None) -> None:
