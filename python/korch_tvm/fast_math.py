@@ -2,19 +2,19 @@
 
 TVM's default legalization of these functions becomes one libm call per element on `llvm`,
 which LLVM cannot vectorise; TOPI's polynomial versions (`fast_exp`, `fast_tanh`, `fast_erf`)
-vectorise. Measured here (2 threads, znver4, a 1x64x104x104 float32 tensor, fused, parallel,
-16-wide vectors): erf 7.33 -> 0.62 ms, tanh 2.48 -> 0.59 ms, sigmoid 1.50 -> 0.69 ms, exp 1.28 ->
-0.70 ms, against 0.50 ms for a plain multiply of the same tensor (`bench/fast_math.py`). Largest
-relative error against float64 over each function's range: 3.3e-7 (erf, tanh, exp); without FMA
-(a target with no -mcpu) exp loses up to 4e-6 near its overflow. TVM's own tanh is off by 1.3e-3. These functions sit in the epilogues of most
-convolutions (SiLU) and in every transformer's softmax and GELU, so they decide whether a memory-
-bound kernel runs at memory speed.
+vectorise. Measured here (`bench/fast_math.py`: 2 threads, znver4, a 1x64x104x104 float32
+tensor, fused, parallel, 16-wide vectors): erf 7.2 -> 0.60 ms, tanh 2.2 -> 0.59 ms, sigmoid
+1.4 -> 0.69 ms, exp 1.2 -> 0.63 ms, against 0.53 ms for a plain multiply of the same tensor.
+Largest relative error against float64 over each function's range: 3.4e-7 (TVM's own tanh: up
+to 1.3e-3); without FMA (a target with no mcpu) exp loses up to 4e-6 near its overflow. These
+functions sit in the epilogues of most convolutions (SiLU) and in every transformer's softmax
+and GELU, so they decide whether a memory-bound kernel runs at memory speed.
 
 Every operator whose default legalization evaluates one of the four functions is covered, the
 composite ones too (softmax, GELU, SiLU, ...): the stock path legalizes those whole while Korch
 lowers them to primitives first, and both must get the same arithmetic or the comparison between
-them would be about the maths rather than the orchestration. Edge cases: exp saturates to 0 below
--88 and to inf above 88.7 (as IEEE float32 does), and erf(NaN) is 1, not NaN.
+them would be about the maths rather than the orchestration. Edge cases: exp flushes to 0 below
+about -88 and overflows to inf above 88.7 (as float32 does anyway), and erf(NaN) is 1, not NaN.
 Other dtypes keep TVM's default legalization.
 """
 

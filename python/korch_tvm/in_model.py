@@ -83,8 +83,8 @@ def kernel_rows(report: Mapping, kernel_ms: Mapping[str, float]) -> list[dict]:
     """
     kinds = report.get("kernel_kinds") or {}
     if report.get("korch"):
-        entries = [(f"{KERNEL_PREFIX}{index}", kernel.get("key"), kernel.get("isolated_ms",
-                                                                                kernel.get("ms")), 1)
+        entries = [(f"{KERNEL_PREFIX}{index}", kernel.get("key"),
+                    kernel.get("isolated_ms", kernel.get("ms")), 1)
                    for index, kernel in enumerate(report["plan"]["kernels"])]
     else:
         entries = [(kernel["name"], kernel.get("key"), kernel.get("ms"), kernel.get("calls", 1))
