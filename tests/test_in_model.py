@@ -19,7 +19,7 @@ from test_layout import conv_block_onnx
 STOCK_REPORT = {
     "korch": False,
     "kernel_kinds": {"fused_conv": "conv1x1", "fused_add": "memory"},
-    "kernels": [{"name": "fused_conv", "calls": 1, "ms": 2.0, "isolated_ms": 2.0, "key": "a"},
+    "kernels": [{"name": "fused_conv", "calls": 1, "ms": 1.4, "isolated_ms": 2.0, "key": "a"},
                 {"name": "fused_add", "calls": 3, "ms": 0.5, "isolated_ms": 0.5, "key": "b"},
                 {"name": "never_ran", "calls": 1, "ms": 0.1, "isolated_ms": 0.1, "key": "c"}],
 }
@@ -39,8 +39,9 @@ def row(key, kind, isolated_ms, in_model_ms, name="k"):
 
 def test_rows_join_reports_with_in_model_times_per_run():
     stock = kernel_rows(STOCK_REPORT, {"fused_conv": 1.0, "fused_add": 3.0, "runtime": 0.4})
+    # isolated ms (not the scaled "ms" a calibrated compile reports), times the calls
     assert stock == [row("a", "conv1x1", 2.0, 1.0, "fused_conv"),
-                     row("b", "memory", 1.5, 3.0, "fused_add")]   # 3 calls of 0.5 ms
+                     row("b", "memory", 1.5, 3.0, "fused_add")]
     korch = kernel_rows(KORCH_REPORT, {"korch_k0": 1.2, "korch_k1": 9.0, "korch_k2": 0.3})
     # the isolated cost, not the scaled one; the opaque kernel has no key and is left out
     assert korch == [row("d", "conv1x1", 1.5, 1.2, "korch_k0"),

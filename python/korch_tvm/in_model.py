@@ -87,7 +87,8 @@ def kernel_rows(report: Mapping, kernel_ms: Mapping[str, float]) -> list[dict]:
                     kernel.get("isolated_ms", kernel.get("ms")), 1)
                    for index, kernel in enumerate(report["plan"]["kernels"])]
     else:
-        entries = [(kernel["name"], kernel.get("key"), kernel.get("ms"), kernel.get("calls", 1))
+        entries = [(kernel["name"], kernel.get("key"),
+                    kernel.get("isolated_ms", kernel.get("ms")), kernel.get("calls", 1))
                    for kernel in report.get("kernels", [])]
     rows = []
     for name, key, isolated_ms, calls in entries:
