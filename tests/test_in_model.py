@@ -65,6 +65,18 @@ def test_record_replaces_older_ratios_and_drops_implausible_ones(tmp_path, caplo
     assert times.kinds == {"a": "conv1x1", "b": "memory"}
 
 
+def test_recording_keeps_entries_that_loading_ignores(tmp_path):
+    """A file holding only implausible ratios (hand-edited, say) loads as empty, but a new
+    record is added to it, not written over it."""
+    (tmp_path / FILE_NAME).write_text(json.dumps(
+        {"version": 1, "kernels": {"x": {"ratio": 50.0, "kind": "memory"}}}))
+    assert not load_in_model_times(str(tmp_path))
+    assert record_in_model_times(str(tmp_path), [row("a", "memory", 1.0, 2.0)], "m") == 1
+    kept = json.loads((tmp_path / FILE_NAME).read_text())["kernels"]
+    assert sorted(kept) == ["a", "x"] and kept["x"]["ratio"] == 50.0
+    assert load_in_model_times(str(tmp_path)).ratios == {"a": 2.0}
+
+
 def test_a_corrupt_file_is_moved_aside_and_plans_use_isolated_costs(tmp_path, caplog):
     (tmp_path / FILE_NAME).write_text('{"version": 1, "kernels": {"a": {"rat')
     with caplog.at_level(logging.WARNING, logger="korch_tvm"):

@@ -116,17 +116,24 @@ def fidelity_by_kind(rows: Sequence[Mapping]) -> dict[str, dict]:
 def load_in_model_times(directory: str | None) -> InModelTimes:
     """What `record_in_model_times` kept in `directory`; empty when there is nothing (or the
     file is unreadable: it is then moved aside with a warning, and plans use isolated costs)."""
-    path = os.path.join(directory, FILE_NAME) if directory else None
-    if path is None or not os.path.exists(path):
-        return InModelTimes({}, {})
+    entries = _read_entries(os.path.join(directory, FILE_NAME)) if directory else {}
+    return InModelTimes({key: entry["ratio"] for key, entry in entries.items()
+                         if _plausible(entry["ratio"])},
+                        {key: entry["kind"] for key, entry in entries.items()})
+
+
+def _read_entries(path: str) -> dict[str, dict]:
+    """The file's entries, each with a float "ratio" and a str "kind"; {} when the file is
+    missing or unreadable (moved aside to <file>.corrupt with a warning)."""
+    if not os.path.exists(path):
+        return {}
     try:
         with open(path, encoding="utf-8") as handle:
             data = json.load(handle)
         if data.get("version") != FORMAT_VERSION:
             raise ValueError(f"format version {data.get('version')!r}, expected {FORMAT_VERSION}")
-        entries = data["kernels"]
-        ratios = {key: float(entry["ratio"]) for key, entry in entries.items()}
-        kinds = {key: str(entry["kind"]) for key, entry in entries.items()}
+        return {key: {**entry, "ratio": float(entry["ratio"]), "kind": str(entry["kind"])}
+                for key, entry in data["kernels"].items()}
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
         aside = path + ".corrupt"
         logger.warning("%s is unreadable (%s); moved to %s, plans use isolated kernel costs",
@@ -135,9 +142,7 @@ def load_in_model_times(directory: str | None) -> InModelTimes:
             os.replace(path, aside)
         except OSError:
             pass
-        return InModelTimes({}, {})
-    return InModelTimes({key: ratio for key, ratio in ratios.items() if _plausible(ratio)},
-                        kinds)
+        return {}
 
 
 def record_in_model_times(directory: str, rows: Sequence[Mapping], model: str) -> int:
@@ -161,10 +166,7 @@ def record_in_model_times(directory: str, rows: Sequence[Mapping], model: str) -
     path = os.path.join(directory, FILE_NAME)
     with open(path + ".lock", "ab") as lock:  # two benches writing at once lose nothing
         fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
-        existing = {}
-        if os.path.exists(path) and load_in_model_times(directory):
-            with open(path, encoding="utf-8") as handle:
-                existing = json.load(handle)["kernels"]
+        existing = _read_entries(path)
         existing.update(entries)
         handle = tempfile.NamedTemporaryFile("w", dir=directory, suffix=".tmp", delete=False,
                                              encoding="utf-8")
