@@ -244,6 +244,11 @@ COMMANDS = {"compile": _command_compile, "tune": _command_tune, "logs": _command
                for name in _PLUGGED_COMMANDS}}
 
 
+def _interrupted() -> int:
+    print("korch-tvm: interrupted; tuning records written so far are kept", file=sys.stderr)
+    return EXIT_INTERRUPTED
+
+
 def main(argv=None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -255,13 +260,10 @@ def main(argv=None) -> int:
         print(f"korch-tvm: error: {err}", file=sys.stderr)
         return EXIT_USER_ERROR
     except KeyboardInterrupt:
-        print("korch-tvm: interrupted; tuning records written so far are kept", file=sys.stderr)
-        return EXIT_INTERRUPTED
+        return _interrupted()
     except Exception as err:  # noqa: BLE001 - last line of defence: one line, not a traceback
         if interrupts.pressed():  # a KeyboardInterrupt TVM turned into a RuntimeError
-            print("korch-tvm: interrupted; tuning records written so far are kept",
-                  file=sys.stderr)
-            return EXIT_INTERRUPTED
+            return _interrupted()
         if getattr(args, "verbose", 0):
             raise
         first = str(err).strip().splitlines()[0] if str(err).strip() else ""
