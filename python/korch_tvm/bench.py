@@ -76,6 +76,11 @@ def add_arguments(parser) -> None:
                         help="threads for TVM and ONNX Runtime (default: every available core)")
     parser.add_argument("--exact-math", dest="fast_math", action="store_false",
                         help="both compiles keep TVM's libm exp/sigmoid/tanh/erf (see `compile`)")
+    parser.add_argument("--layout", choices=("auto", "NCHW", "NHWC"), default="auto",
+                        help="activation layout of convolutions and what follows them: 'auto' "
+                             "(default) plans the model in both and keeps the faster modelled "
+                             "plan (a model with convolutions is tuned twice); applies to both "
+                             "paths")
     parser.add_argument("--calibrate", action="store_true",
                         help="keep each kernel's in-model / isolated time ratio in the tuning "
                              "log, so later plans are costed with them (experimental: the "
@@ -146,7 +151,7 @@ def run(args) -> int:
         with_ort=args.ort,
         warm=args.warm, memory=args.memory, machine=_load_json(args.machine),
         reports_dir=args.reports_dir, log=None if args.quiet else _stderr,
-        fast_math=args.fast_math, calibrate=args.calibrate)
+        fast_math=args.fast_math, calibrate=args.calibrate, layout=args.layout)
     if args.json:
         write_json(args.json, result)
     if not args.quiet:
@@ -508,7 +513,8 @@ def _worker_compile(task: dict) -> dict:
     logging.getLogger("korch_tvm").setLevel(logging.INFO)
     changes = {"num_threads": task.get("threads"),
                "trials_per_kernel": task.get("trials_per_kernel"),
-               "fast_math": task.get("fast_math", True)}
+               "fast_math": task.get("fast_math", True),
+               "layout": task.get("layout", "auto")}
     if task.get("prune_margin") is not None:
         changes["prune_margin"] = float(task["prune_margin"])
     config = KorchConfig(**changes)
@@ -618,7 +624,7 @@ def bench_model(model: str, *, target="llvm", tuning_logs=None, trials=0, trials
                 prune_margin=None, input_shapes=None, threads=None, repeat=30, warmup=3,
                 min_sample_ms=20.0, gap_ms=GAP_MS, max_timing_s=None, with_ort=True, warm=True,
                 memory=True, machine=None, reports_dir=None, log=None, fast_math=True,
-                calibrate=False) -> dict:
+                calibrate=False, layout="auto") -> dict:
     """Compile `model` stock and Korch (cold, then warm), then time them with ONNX Runtime."""
     from .target import configure_threads, parse_target
 
@@ -631,7 +637,7 @@ def bench_model(model: str, *, target="llvm", tuning_logs=None, trials=0, trials
                             (trials, trials_per_kernel), time_budget,
                             prune_margin, input_shapes, threads, repeat, warmup, min_sample_ms,
                             gap_ms, max_timing_s, with_ort, warm, memory, machine, reports_dir,
-                            log, fast_math, calibrate)
+                            log, fast_math, calibrate, layout)
     finally:  # libraries (unless kept in reports_dir) and a throw-away log
         import shutil
 
@@ -641,7 +647,7 @@ def bench_model(model: str, *, target="llvm", tuning_logs=None, trials=0, trials
 def _bench_model(model, tvm_target, target, scratch, tuning_logs, budget, time_budget,
                  prune_margin, input_shapes, threads, repeat, warmup, min_sample_ms, gap_ms,
                  max_timing_s, with_ort, warm, memory, machine, reports_dir, log,
-                 fast_math, calibrate) -> dict:
+                 fast_math, calibrate, layout) -> dict:
     import tvm
 
     from .in_model import fidelity_by_kind, kernel_rows, record_in_model_times
@@ -667,6 +673,7 @@ def _bench_model(model, tvm_target, target, scratch, tuning_logs, budget, time_b
         "trials_per_kernel": trials_per_kernel,
         "time_budget": time_budget,
         "fast_math": fast_math,
+        "layout": layout,
         "tuning_logs": os.path.abspath(tuning_logs),
         "protocol": {"repeat": repeat, "warmup": warmup, "min_sample_ms": min_sample_ms,
                      "gap_ms": gap_ms, "max_timing_s": max_timing_s,
@@ -688,7 +695,7 @@ def _bench_model(model, tvm_target, target, scratch, tuning_logs, budget, time_b
                     "time_budget": time_budget, "verify": verify,
                     "input_shapes": input_shapes, "threads": threads, "library": library,
                     "prune_margin": prune_margin if path == "korch" else None,
-                    "fast_math": fast_math}
+                    "fast_math": fast_math, "layout": layout}
             answer = _child(task, log)
             report = answer.pop("report")
             if reports_dir:

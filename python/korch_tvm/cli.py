@@ -65,6 +65,11 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
                         help="legalize exp/sigmoid/tanh/erf to TVM's per-element libm calls "
                              "instead of vectorisable polynomials (within 4e-7 relative; 2-12x "
                              "faster on the CPU); applies to both paths")
+    parser.add_argument("--layout", choices=("auto", "NCHW", "NHWC"), default="auto",
+                        help="activation layout of convolutions and what follows them: 'auto' "
+                             "(default) plans the model in both and keeps the faster modelled "
+                             "plan (a model with convolutions is tuned twice); applies to both "
+                             "paths")
     parser.add_argument("--rpc-tracker", metavar="HOST:PORT", default=None,
                         help="measure kernels through a TVM RPC tracker")
     parser.add_argument("--rpc-key", default=None, help="device key registered at the tracker")
@@ -200,7 +205,7 @@ def _config_from_args(args):
 
     return KorchConfig(num_threads=args.threads, rpc_tracker=args.rpc_tracker,
                        rpc_key=args.rpc_key, trials_per_kernel=args.trials_per_kernel,
-                       fast_math=args.fast_math)
+                       fast_math=args.fast_math, layout=args.layout)
 
 
 def _export(executable, path: str) -> None:

@@ -32,6 +32,9 @@ class KorchConfig:
     lazy_margin: float = 0.2
     # Vectorisable exp/sigmoid/tanh/erf on both paths (fast_math.py); off = TVM's libm calls.
     fast_math: bool = True
+    # Activation layout (data_layout.py): "NCHW", "NHWC", or "auto" = plan both, keep the
+    # cheaper (a model with convolutions is then costed and tuned in both layouts).
+    layout: str = "auto"
     solver_time_limit: float = 10.0
     num_threads: int | None = None
     rpc_tracker: str | None = None

@@ -105,6 +105,14 @@ def tune_costs(kernels: Mapping[str, tvm.IRModule], shares: Mapping[str, float],
     return {**costs, **tuned}
 
 
+def merge_summaries(summaries: Iterable[dict]) -> dict:
+    """`summarize` counts of several costings (one per layout planned) added up."""
+    total = Counter()
+    for summary in summaries:
+        total.update(summary)
+    return {key: total[key] for key in summarize([])}
+
+
 def summarize(costs: Iterable[KernelCost]) -> dict:
     """Counts by where each cost came from, and the trials that ran."""
     costs = list(costs)

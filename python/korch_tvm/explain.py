@@ -36,6 +36,8 @@ def add_arguments(parser) -> None:
                         help="MetaSchedule trials for kernels not in the log, as for compile")
     parser.add_argument("--time-budget", type=float, default=None, metavar="SECONDS",
                         help="bound on the costing stage; the rest uses the cost model")
+    parser.add_argument("--layout", choices=("auto", "NCHW", "NHWC"), default="auto",
+                        help="activation layout, as for compile (default: auto)")
     parser.add_argument("--predict-only", action="store_true",
                         help="measure nothing: plan on logged costs and cost-model predictions "
                              "(fast; may differ from the plan a measuring compile picks)")
@@ -60,7 +62,7 @@ def run(args) -> int:
         args.model, target=args.target, tuning_logs=args.tuning_logs, trials=args.trials,
         time_budget=args.time_budget, predict_only=args.predict_only,
         input_shapes_override=dict(args.input_shape), num_threads=args.threads,
-        solver_time_limit=args.solver_time_limit)
+        solver_time_limit=args.solver_time_limit, layout=args.layout)
     text = render(explanation, args.format)
     output = args.output
     if output is None and args.format == "html":
@@ -109,7 +111,7 @@ def _write_text(path: str, text: str) -> None:
 
 def explain_model(model, target="llvm", *, tuning_logs=None, trials: int = 0,
                   time_budget=None, predict_only: bool = False, input_shapes_override=None,
-                  num_threads=None, solver_time_limit=None, config=None) -> dict:
+                  num_threads=None, solver_time_limit=None, layout=None, config=None) -> dict:
     """Plan `model` (ONNX path, `onnx.ModelProto` or Relax `IRModule`) and describe the plan."""
     from .config import KorchConfig
     from .passes import plan_korch
@@ -121,6 +123,8 @@ def explain_model(model, target="llvm", *, tuning_logs=None, trials: int = 0,
         changes["num_threads"] = num_threads
     if solver_time_limit is not None:
         changes["solver_time_limit"] = float(solver_time_limit)
+    if layout is not None:
+        changes["layout"] = layout
     config = (config or KorchConfig()).with_changes(**changes)
     tvm_target = parse_target(config.target)
     configure_threads(config.num_threads)
@@ -205,6 +209,9 @@ def describe_plan(plan, trace=None) -> dict:
             "exact for each ONNX node's result; primitives split out of an operator are "
             "attributed to the first traced primitive downstream (onnx_exact=false)"),
         "tuning": full_report["tuning"],
+        "layout": full_report["layout"],
+        "layouts": {layout: entry["modelled_ms"]
+                    for layout, entry in full_report["layouts"].items()},
     }
 
 

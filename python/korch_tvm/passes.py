@@ -13,15 +13,17 @@ import math
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import tvm
 
+from . import interrupts
 from .candidates import enumerate_candidates
 from .config import KorchConfig
 from .cost_model import default_predictor
-from .costing import (default_schedule_costs, measure_costs, open_tuning_log, shared_runner,
-                      summarize, tune_costs)
+from .data_layout import layout_variants
+from .costing import (default_schedule_costs, measure_costs, merge_summaries, open_tuning_log,
+                      shared_runner, summarize, tune_costs)
 from .fission import lower_to_primitives, lowering_stats
 from .gpu_rules import rules_for_target
 from .in_model import load_in_model_times, scaled_costs
@@ -58,7 +60,7 @@ class KorchPlan:
     """Everything planning decided, before any module is rewritten or built."""
 
     source: tvm.IRModule       # the module as given
-    lowered: tvm.IRModule      # after operator fission
+    lowered: tvm.IRModule      # in the plan's layout, after operator fission
     graph: PrimitiveGraph
     pieces: list               # primitive-id sets, one orchestration problem each
     candidates: list           # every enumerated Candidate
@@ -73,6 +75,13 @@ class KorchPlan:
     target: object
     stage_seconds: dict
     in_model_factors: dict = field(default_factory=dict)  # key -> in-model/isolated used
+    layout: str = "NCHW"       # activation layout of the plan (data_layout.py)
+    layouts: dict = field(default_factory=dict)  # every layout planned -> modelled_ms, tuning
+
+    @property
+    def modelled_ms(self) -> float:
+        """Sum of the chosen kernels' costs (inf when some piece found no plan)."""
+        return sum(plan.objective for plan in self.plans) * 1e3
 
     @property
     def chosen_groups(self) -> list[frozenset[int]]:
@@ -87,9 +96,14 @@ class KorchPlan:
         plan = plan_report(self.graph, self.candidates, self.kept, self.problems, self.plans,
                            self.chosen, self.kernel_keys, self.costs, self.in_model_factors)
         plan["opaque_ops"] = sorted({op for _, op in self.opaque_primitives()})
+        layouts = self.layouts or {self.layout: {"modelled_ms": self.modelled_ms,
+                                                 "tuning": summarize(self.costs.values())}}
         return {
+            "layout": self.layout,
+            "layouts": layouts,
             "lowering": lowering_stats(self.source, self.lowered),
-            "tuning": summarize(self.costs.values()),
+            # every layout planned, added up: what this compile measured and tuned
+            "tuning": merge_summaries(entry["tuning"] for entry in layouts.values()),
             "plan": plan,
         }
 
@@ -103,7 +117,40 @@ def plan_korch(mod: tvm.IRModule, config: KorchConfig, *, predict_only: bool = F
     has a record and from the cost model everywhere else (fast; the plan may differ from the
     one a compile, which measures, would choose). `measure_with({key: kernel module})` replaces
     the profiler's default-schedule measurement (a study replays another run's numbers).
+
+    With ``config.layout == "auto"`` a model with convolutions is planned in each activation
+    layout (data_layout.py) and the plan of least modelled latency is kept.
     """
+    variants = layout_variants(mod, config.layout)
+    plans = {}
+    deadline = (None if config.time_budget is None
+                else time.perf_counter() + config.time_budget)
+    for position, (layout, variant) in enumerate(variants.items()):
+        if len(variants) > 1:
+            logger.info("planning in layout %s (%d of %d)", layout, position + 1, len(variants))
+        left = None if deadline is None else max(0.0, deadline - time.perf_counter())
+        share = None if left is None else left / (len(variants) - position)
+        try:
+            plans[layout] = _plan_in_layout(mod, variant, layout,
+                                            config.with_changes(time_budget=share),
+                                            predict_only=predict_only, measure_with=measure_with)
+        except Exception as err:  # noqa: BLE001 - an optional layout must not sink the compile
+            if position == 0 or interrupts.pressed():  # a Ctrl-C TVM re-raised as an error
+                raise
+            logger.warning("layout %s could not be planned, so it is not considered: %s",
+                           layout, str(err).strip().splitlines()[0] if str(err).strip() else err)
+    best = min(plans, key=lambda layout: plans[layout].modelled_ms)
+    if len(plans) > 1:
+        logger.info("layout %s chosen (modelled %s)", best, ", ".join(
+            f"{layout} {plan.modelled_ms:.3f} ms" for layout, plan in plans.items()))
+    return replace(plans[best], layouts={layout: {"modelled_ms": plan.modelled_ms,
+                                                  "tuning": summarize(plan.costs.values())}
+                                         for layout, plan in plans.items()})
+
+
+def _plan_in_layout(source: tvm.IRModule, mod: tvm.IRModule, layout: str, config: KorchConfig,
+                    *, predict_only: bool, measure_with) -> KorchPlan:
+    """`plan_korch` for `mod`, which is `source` with its activations in `layout`."""
     target = parse_target(config.target)
     config = config.with_changes(target=target)
     clock = _StageClock()
@@ -155,9 +202,9 @@ def plan_korch(mod: tvm.IRModule, config: KorchConfig, *, predict_only: bool = F
         clock.lap("measurement")
         problems, plans, chosen = solve(costs)
         clock.lap("orchestration")
-        return KorchPlan(mod, lowered, graph, pieces, candidates, kept, kernels.keys,
+        return KorchPlan(source, lowered, graph, pieces, candidates, kept, kernels.keys,
                          kernels.modules, costs, problems, plans, chosen, tuning_log, target,
-                         clock.seconds, factors)
+                         clock.seconds, factors, layout)
 
     stock_keys = {kernels.keys[i] for i in kept
                   if candidates[i].is_stock and kernels.keys[i] is not None}
@@ -187,9 +234,9 @@ def plan_korch(mod: tvm.IRModule, config: KorchConfig, *, predict_only: bool = F
     clock.lap("orchestration")
     never_measured = {key: KernelCost(predicted[key], "predicted", 0)
                       for key in kept_kernels if key not in costs}
-    return KorchPlan(mod, lowered, graph, pieces, candidates, kept, kernels.keys,
+    return KorchPlan(source, lowered, graph, pieces, candidates, kept, kernels.keys,
                      kernels.modules, {**never_measured, **costs}, problems, plans, chosen,
-                     tuning_log, target, clock.seconds, factors)
+                     tuning_log, target, clock.seconds, factors, layout)
 
 
 MEMORY_BOUND = "memory-bound"

@@ -15,6 +15,13 @@ def summary_lines(report: dict) -> list[str]:
             f" tuned {tuning.get('tuned', 0)}, measured {tuning.get('measured', 0)}, prediction "
             f"only {tuning.get('predicted', 0)}, failed {tuning.get('failed', 0)}; trials run "
             f"{tuning.get('trials_run', 0)} of budget {_budget(report)}")
+    layouts = report.get("layouts") or {}
+    if len(layouts) > 1:
+        lines.append(f"  layout: {report.get('layout')} (modelled " + ", ".join(
+            f"{layout} {_ms(entry['modelled_ms'])}" for layout, entry in layouts.items())
+            + "; the counts above add up every layout)")
+    elif report.get("layout"):
+        lines.append(f"  layout: {report['layout']}")
     lowering = report.get("lowering")
     if lowering:
         kinds = ", ".join(f"{k} {v}" for k, v in sorted(lowering.get("primitives_by_kind", {}).items()))
@@ -61,7 +68,11 @@ def explain_lines(explanation: dict) -> list[str]:
              f"(costs {explanation.get('costing')}): {len(explanation['kernels'])} kernels from "
              f"{explanation.get('candidates')} candidates ({explanation.get('pruned', 0)} pruned)",
              f"  modelled {_ms(explanation.get('modelled_ms'))} vs stock FuseOps "
-             f"{_ms(explanation.get('stock_modelled_ms'))}", "", "kernels (execution order):"]
+             f"{_ms(explanation.get('stock_modelled_ms'))}"]
+    if explanation.get("layout"):
+        lines.append(f"  layout {explanation['layout']} (modelled " + ", ".join(
+            f"{layout} {_ms(ms)}" for layout, ms in explanation.get("layouts", {}).items()) + ")")
+    lines += ["", "kernels (execution order):"]
     for kernel in explanation["kernels"]:
         stock = ", a stock group" if kernel["stock_group"] else ""
         lines.append(f"  {kernel['id']:>4}  {_ms(kernel['ms']):>12}  {kernel['cost_source']}"
@@ -97,10 +108,6 @@ def explain_lines(explanation: dict) -> list[str]:
     if explanation.get("onnx_trace") is None:
         lines.append("(ONNX operators not traced for this model)")
     return lines
-
-
-def _ms(value) -> str:
-    return "n/a" if value is None else f"{value:.4f} ms"
 
 
 def _ids(ids) -> str:

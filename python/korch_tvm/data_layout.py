@@ -1,0 +1,68 @@
+"""Activation layout as an implementation choice: NCHW as the model gives it, or NHWC.
+
+On this CPU the same 1x1 convolution (+ bias + SiLU), tuned with 64 trials, ran 0.42-0.61 ms in
+NCHW and 0.25-0.28 ms in NHWC, where the output channels are contiguous and vectorise without
+a transpose; a 3x3 depthwise convolution 0.046 vs 0.027 ms (bench/layouts.py). Which layout
+wins for a whole model depends on what sits between the convolutions (reshapes and attention
+need their own layout, and every switch is a transpose), so both are planned and the cheaper
+modelled plan is kept ("auto"); both compile paths do this the same way, so their comparison
+stays about orchestration.
+
+`convert_layout` is Relax's ConvertLayout with convolutions asked for NHWC: it re-expresses
+every operator that can follow the new layout and inserts ``permute_dims`` where one cannot
+(and at the model's inputs and outputs, which keep the layout the user feeds and reads). Those
+transposes are ordinary layout primitives of the graph, costed like any kernel, and Korch may
+fuse them into their neighbours. The weight transposes are folded into the constants.
+"""
+
+from __future__ import annotations
+
+import tvm
+from tvm import relax
+
+from .errors import KorchError
+
+LAYOUTS = ("NCHW", "NHWC")
+CHOICES = (*LAYOUTS, "auto")
+# Data and kernel layout of conv2d for each choice; NCHW keeps the model as given.
+_CONV_LAYOUTS = {"NHWC": ["NHWC", "OHWI"]}
+_CONV2D = tvm.ir.Op.get("relax.nn.conv2d")
+
+
+def check_layout(layout: str) -> str:
+    if layout not in CHOICES:
+        raise KorchError(f"unknown layout '{layout}': choose one of {', '.join(CHOICES)}")
+    return layout
+
+
+def convert_layout(mod: tvm.IRModule, layout: str) -> tvm.IRModule:
+    """`mod` with its convolutions (and whatever follows them) in `layout`."""
+    check_layout(layout)
+    if layout not in _CONV_LAYOUTS:
+        return mod
+    converted = relax.transform.ConvertLayout({"relax.nn.conv2d": _CONV_LAYOUTS[layout]})(mod)
+    return relax.transform.FoldConstant()(converted)
+
+
+def layout_variants(mod: tvm.IRModule, layout: str) -> dict[str, tvm.IRModule]:
+    """The module in each layout worth planning: one for a fixed layout; for "auto" every
+    layout that changes something (a model without convolutions is planned once)."""
+    if check_layout(layout) != "auto":
+        return {layout: convert_layout(mod, layout)}
+    if not has_convolution(mod):
+        return {LAYOUTS[0]: mod}
+    return {choice: convert_layout(mod, choice) for choice in LAYOUTS}
+
+
+def has_convolution(mod: tvm.IRModule) -> bool:
+    """Whether any Relax function of `mod` calls conv2d (the op a layout choice changes)."""
+    found = []
+
+    def visit(expr):
+        if isinstance(expr, relax.Call) and expr.op.same_as(_CONV2D):
+            found.append(expr)
+
+    for _, func in mod.functions_items():
+        if isinstance(func, relax.Function):
+            relax.analysis.post_order_visit(func, visit)
+    return bool(found)

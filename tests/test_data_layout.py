@@ -1,0 +1,120 @@
+"""Activation layout as an implementation choice (data_layout.py) on both compile paths."""
+
+import numpy as np
+import pytest
+import tvm
+from tvm import relax
+
+from korch_tvm.compile import compile_model
+from korch_tvm.config import KorchConfig
+from korch_tvm.data_layout import convert_layout, has_convolution, layout_variants
+from korch_tvm.errors import KorchError
+from korch_tvm.frontend import import_onnx
+from korch_tvm.passes import plan_korch
+from korch_tvm.profiler import KernelCost
+from korch_tvm.stock import run_stock
+
+from conftest import make_tiny_onnx
+from test_layout import conv_block_onnx
+
+CHANNELS, SIZE = 16, 14
+NCHW_SHAPE = (1, CHANNELS, SIZE, SIZE)
+NHWC_SHAPE = (1, SIZE, SIZE, CHANNELS)
+
+
+def conv_module():
+    return import_onnx(conv_block_onnx(CHANNELS, SIZE), None)
+
+
+def conv_data_layouts(mod) -> list[str]:
+    layouts = []
+
+    def visit(expr):
+        if isinstance(expr, relax.Call) and expr.op.name == "relax.nn.conv2d":
+            layouts.append(str(expr.attrs.data_layout))
+
+    relax.analysis.post_order_visit(mod["main"], visit)
+    return layouts
+
+
+def test_variants_offer_both_layouts_only_where_there_is_a_convolution():
+    mod = conv_module()
+    variants = layout_variants(mod, "auto")
+    assert list(variants) == ["NCHW", "NHWC"]
+    assert variants["NCHW"] is mod
+    assert conv_data_layouts(variants["NHWC"]) == ["NHWC"] * 3
+    # the user still feeds and reads NCHW
+    main = variants["NHWC"]["main"]
+    assert [int(d) for d in main.params[0].ty.shape] == list(NCHW_SHAPE)
+    assert [int(d) for d in main.ret_ty.shape] == list(NCHW_SHAPE)
+    assert list(layout_variants(mod, "NHWC")) == ["NHWC"]
+    matmul_only = import_onnx(make_tiny_onnx(), None)
+    assert not has_convolution(matmul_only)
+    assert list(layout_variants(matmul_only, "auto")) == ["NCHW"]
+    with pytest.raises(KorchError, match="unknown layout 'NCWH'"):
+        convert_layout(mod, "NCWH")
+
+
+def test_weight_transposes_are_folded_into_constants():
+    converted = convert_layout(conv_module(), "NHWC")
+    transposed = []
+
+    def visit(expr):
+        if isinstance(expr, relax.Call) and expr.op.name == "relax.permute_dims":
+            transposed.append(expr.args[0])
+
+    relax.analysis.post_order_visit(converted["main"], visit)
+    # only the activations at the boundary: the model input, and the last result back to NCHW
+    assert len(transposed) == 2
+    assert not any(isinstance(x, tvm.ir.expr.Constant) for x in transposed)
+
+
+def _costs_penalising(shape):
+    """A measurement that charges 1 ms per kernel plus 4 ms per buffer of `shape`."""
+    def measure(modules):
+        costs = {}
+        for key, module in modules.items():
+            func = module["main"]
+            hits = sum(tuple(int(d) for d in p.ty.shape) == shape
+                       for p in func.params)
+            costs[key] = KernelCost(1e-3 + 4e-3 * hits, "measured", 0)
+        return costs
+    return measure
+
+
+@pytest.mark.parametrize("slow_shape,expected", [(NCHW_SHAPE, "NHWC"), (NHWC_SHAPE, "NCHW")])
+def test_auto_keeps_the_layout_whose_plan_models_cheaper(slow_shape, expected):
+    plan = plan_korch(conv_module(), KorchConfig(layout="auto"),
+                      measure_with=_costs_penalising(slow_shape))
+    totals = {layout: entry["modelled_ms"] for layout, entry in plan.layouts.items()}
+    assert set(totals) == {"NCHW", "NHWC"}
+    assert plan.layout == expected == min(totals, key=totals.get)
+    assert plan.modelled_ms == pytest.approx(totals[expected])
+    # each of the three convolutions is its own kernel (one linear primitive per kernel) and
+    # every kernel of the losing layout touches at least one slow buffer
+    assert totals["NCHW" if expected == "NHWC" else "NHWC"] >= 3 * 5.0
+    report = plan.report()
+    assert report["layout"] == expected
+    assert conv_data_layouts(plan.lowered) == ["NHWC" if expected == "NHWC" else "NCHW"] * 3
+
+
+def test_both_paths_compile_nhwc_to_the_same_numbers(tmp_path):
+    model = conv_block_onnx(CHANNELS, SIZE)
+    for korch in (False, True):
+        _, report = compile_model(model, "llvm", korch=korch, tuning_logs=str(tmp_path),
+                                  config=KorchConfig(layout="NHWC"))
+        assert report["layout"] == "NHWC"
+        assert report["verification"]["passed"]
+        assert report["verification"]["max_rel_error"] < 1e-5
+
+
+def test_stock_auto_reports_every_layout_and_adds_up_their_costing(tmp_path):
+    config = KorchConfig(target=tvm.target.Target({"kind": "llvm", "num-cores": 2}),
+                         tuning_logs=str(tmp_path), layout="auto")
+    _, report = run_stock(conv_module(), config)
+    layouts = report["layouts"]
+    assert set(layouts) == {"NCHW", "NHWC"}
+    assert report["layout"] == min(layouts, key=lambda name: layouts[name]["modelled_ms"])
+    assert report["modelled_ms"] == layouts[report["layout"]]["modelled_ms"]
+    assert report["tuning"]["kernels"] == sum(e["tuning"]["kernels"] for e in layouts.values())
+    assert all(np.isfinite(e["modelled_ms"]) for e in layouts.values())
