@@ -1,11 +1,13 @@
 """The command line: errors are one line with a non-zero exit, never a traceback."""
 
+import json
 import subprocess
 import sys
 
 import pytest
 
 from conftest import make_tiny_onnx
+from test_layout import conv_block_onnx
 
 
 def run_cli(*args, cwd=None):
@@ -56,5 +58,19 @@ def test_help_documents_every_flag():
     assert result.returncode == 0
     for flag in ["--target", "--korch", "--tuning-logs", "--trials", "--trials-per-kernel",
                  "--time-budget", "-o",
-                 "--report", "--no-verify", "--input-shape", "--rpc-tracker", "--threads"]:
+                 "--report", "--no-verify", "--input-shape", "--rpc-tracker", "--threads",
+                 "--layout"]:
         assert flag in result.stdout, flag
+
+
+def test_layout_flag_reaches_the_compile(tmp_path):
+    path = tmp_path / "conv.onnx"
+    path.write_bytes(conv_block_onnx(8, 10).SerializeToString())
+    report_path = tmp_path / "report.json"
+    result = run_cli("compile", path, "--korch", "--layout", "NHWC", "--report", report_path)
+    assert result.returncode == 0, result.stderr
+    assert "layout: NHWC" in result.stdout
+    report = json.loads(report_path.read_text())
+    assert report["layout"] == "NHWC" and list(report["layouts"]) == ["NHWC"]
+    assert report["verification"]["passed"]
+    assert run_cli("compile", path, "--layout", "NCWH").returncode == 2

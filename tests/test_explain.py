@@ -134,3 +134,17 @@ def test_explain_html_default_output_name(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     assert cli.main(["explain", str(path), "--predict-only", "--format", "html", "-q"]) == 0
     assert (tmp_path / "tiny.korch.html").read_text().startswith("<!DOCTYPE html>")
+
+
+def test_nhwc_plan_is_traced_to_the_right_onnx_operators():
+    from test_layout import conv_block_onnx
+
+    explanation = explain_model(conv_block_onnx(8, 10), predict_only=True, layout="NHWC")
+    assert explanation["layout"] == "NHWC"
+    traced = [(p["op"], p["onnx"]) for p in explanation["primitives"]
+              if p["op"] in ("nn.conv2d", "nn.relu")]
+    assert traced == [("nn.conv2d", "Conv c1"), ("nn.relu", "Relu r1"),
+                      ("nn.conv2d", "Conv c2"), ("nn.relu", "Relu r2"),
+                      ("nn.conv2d", "Conv c3"), ("nn.relu", "Relu y")]
+    relus = [p for p in explanation["primitives"] if p["op"] == "nn.relu"]
+    assert all(p["onnx_exact"] for p in relus)

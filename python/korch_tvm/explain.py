@@ -160,6 +160,9 @@ def describe_plan(plan, trace=None) -> dict:
     graph = plan.graph
     full_report = plan.report()
     report = full_report["plan"]
+    if trace is not None and plan.in_layout is not plan.source:  # converted: new vars
+        trace = trace.through_rewrite(plan.source[graph.func_name],
+                                      plan.in_layout[graph.func_name])
     origins = trace.origins(graph) if trace is not None else [None] * len(graph.nodes)
     groups = plan.chosen_groups
     kernel_ids = [f"k{position}" for position in range(len(groups))]

@@ -72,6 +72,46 @@ class OnnxTrace:
         return origins
 
 
+    def through_rewrite(self, traced_main, rewritten_main) -> "OnnxTrace":
+        """This trace for a function rewritten from the traced one by a pass that makes new
+        vars but keeps the order of the bindings it rewrites and their operators (Relax's
+        ConvertLayout: each binding becomes the same operator in another layout, perhaps after
+        inserted transposes).
+
+        The traced bindings are matched, in order, to the next rewritten binding of the same
+        operator whose shape has the same dimensions in some order; what the pass inserted
+        matches nothing and is inferred like any untraced primitive.
+        """
+        rewritten = _bindings(rewritten_main)
+        added, position = {}, 0
+        for binding in _bindings(traced_main):
+            operator = self.operator_of_var.get(binding.var)
+            if operator is None:
+                continue
+            want = (_operator_name(binding.value), _dims(binding.var))
+            found = next((k for k in range(position, len(rewritten))
+                          if (_operator_name(rewritten[k].value), _dims(rewritten[k].var))
+                          == want), None)
+            if found is not None:
+                added[rewritten[found].var] = operator
+                position = found + 1
+        return OnnxTrace(self.operators, {**self.operator_of_var, **added})
+
+
+def _dims(var) -> tuple:
+    shape = getattr(var.ty, "shape", None)
+    return tuple(sorted(str(d) for d in shape)) if shape is not None else ()
+
+
+def _bindings(func) -> list:
+    return [b for block in func.body.blocks for b in block.bindings]
+
+
+def _operator_name(value) -> str:
+    op = getattr(value, "op", None)
+    return getattr(op, "name", type(value).__name__)
+
+
 def _first_traced(graph, start: int, exact, direction: str):
     """The traced operator nearest to `start` along consumers (or producers), breadth first."""
     frontier, seen = list(getattr(graph.nodes[start], direction)), {start}
@@ -113,7 +153,7 @@ def _trace(model: onnx.ModelProto, relax_of_tensor: Mapping, module) -> OnnxTrac
 
     operators = [OnnxOperator(i, node.name, node.op_type, tuple(node.output))
                  for i, node in enumerate(model.graph.node)]
-    bindings = [b for block in module["main"].body.blocks for b in block.bindings]
+    bindings = _bindings(module["main"])
     operator_of_var = {}
     pending = {}  # unbound results (calls the importer let the next node bind) -> operator
     for operator in operators:

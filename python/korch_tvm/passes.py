@@ -76,6 +76,7 @@ class KorchPlan:
     stage_seconds: dict
     in_model_factors: dict = field(default_factory=dict)  # key -> in-model/isolated used
     layout: str = "NCHW"       # activation layout of the plan (data_layout.py)
+    in_layout: tvm.IRModule | None = None  # source in that layout, before fission
     layouts: dict = field(default_factory=dict)  # every layout planned -> modelled_ms, tuning
 
     @property
@@ -204,7 +205,7 @@ def _plan_in_layout(source: tvm.IRModule, mod: tvm.IRModule, layout: str, config
         clock.lap("orchestration")
         return KorchPlan(source, lowered, graph, pieces, candidates, kept, kernels.keys,
                          kernels.modules, costs, problems, plans, chosen, tuning_log, target,
-                         clock.seconds, factors, layout)
+                         clock.seconds, factors, layout, mod)
 
     stock_keys = {kernels.keys[i] for i in kept
                   if candidates[i].is_stock and kernels.keys[i] is not None}
@@ -236,7 +237,7 @@ def _plan_in_layout(source: tvm.IRModule, mod: tvm.IRModule, layout: str, config
                       for key in kept_kernels if key not in costs}
     return KorchPlan(source, lowered, graph, pieces, candidates, kept, kernels.keys,
                      kernels.modules, {**never_measured, **costs}, problems, plans, chosen,
-                     tuning_log, target, clock.seconds, factors, layout)
+                     tuning_log, target, clock.seconds, factors, layout, mod)
 
 
 MEMORY_BOUND = "memory-bound"
