@@ -260,6 +260,8 @@ def model_row(name: str, result: dict) -> dict:
                           else f"{result['trials_per_kernel']}/kernel"),
         "kind_profile_ms": result.get("kind_profile_ms"),
         "fast_math": bool(result.get("fast_math")),  # runs before fast math have no key
+        "layout": {"stock": (warm_s or stock["cold"]).get("layout", "NCHW"),
+                   "korch": (warm_k or korch["cold"]).get("layout", "NCHW")},
         "trials_run_cold": {"stock": stock["cold"]["trials_run"],
                             "korch": korch["cold"]["trials_run"]},
         "trials_run_warm": {"stock": warm_s.get("trials_run"), "korch": warm_k.get("trials_run")},
@@ -304,17 +306,18 @@ def markdown(summary: dict) -> str:
                        f"GFLOP/s (numpy sgemm {peaks['numpy_sgemm_gflops']}), memory bandwidth "
                        f"{peaks['bandwidth_gb_per_s']} GB/s.")
         out.append("")
-    out.append("| model | math | stock ms | Korch ms | ORT ms | Korch/stock | Korch/ORT | floor ms | "
+    out.append("| model | math | layout (stock / Korch) | stock ms | Korch ms | ORT ms | Korch/stock | Korch/ORT | floor ms | "
                "Korch/floor | compile cold s (stock / Korch) | warm s (stock / Korch) | "
                "peak compile MB (stock / Korch) | inference MB (stock / Korch / ORT) | "
                "trials | candidates (distinct, pruned) | kernels (Korch / stock) | "
                "solver gap | verify err |")
-    out.append("|" + "---|" * 18)
+    out.append("|" + "---|" * 19)
     for r in rows:
         mem = r.get("inference_peak_mb") or {}
         lof = (r.get("latency_over_floor") or {}).get("korch")
         out.append(
             f"| {DISPLAY.get(r['model'], r['model'])} | {'fast' if r['fast_math'] else 'exact'} "
+            f"| {r['layout']['stock']} / {r['layout']['korch']} "
             f"| {_fmt(r['stock_ms']['median'], 3)} ±{_spread(r['stock_ms'])} "
             f"| {_fmt(r['korch_ms']['median'], 3)} ±{_spread(r['korch_ms'])} "
             f"| {_fmt(r['ort_ms']['median'], 3) if r['ort_ms'] else '–'} "
@@ -342,7 +345,8 @@ def markdown(summary: dict) -> str:
                "'≈' marks a difference inside that spread. ± is (p90 − p10) / 2 of the "
                "samples. Math: how exp/sigmoid/tanh/erf were legalized (fast_math.py; 'exact' "
                "rows ran before fast math existed, and a model without those functions builds "
-               "the same kernels either way).\n")
+               "the same kernels either way). Layout: the activation layout each path chose "
+               "(data_layout.py; rows from before the choice existed are NCHW).\n")
     out += kind_profile_table(rows)
     earlier = [r for r in rows if r.get("earlier_timings")]
     if earlier:

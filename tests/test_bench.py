@@ -174,7 +174,8 @@ def test_suite_table_from_a_result(tmp_path):
                    "korch_vs_onnxruntime": bench.paired_ratio(samples["onnxruntime"],
                                                               samples["korch"])},
         "compile": {"stock": {"cold": phase, "warm": {**phase, "trials_run": 0}},
-                    "korch": {"cold": phase, "warm": {**phase, "trials_run": 0}}},
+                    "korch": {"cold": phase,
+                              "warm": {**phase, "trials_run": 0, "layout": "NHWC"}}},
         "korch_plan": {"candidates": 40, "distinct_kernels": 30, "pruned": 3,
                        "kernels_chosen": 9, "solver_status": "optimal", "max_gap": 0.0,
                        "modelled_ms": 1.0},
@@ -193,5 +194,6 @@ def test_suite_table_from_a_result(tmp_path):
     assert summary["geomean_korch_vs_ort"] == pytest.approx(1.5)
     table = (tmp_path / "llvm.md").read_text()
     assert "| tiny |" in table and "2.00×" in table and "big: too slow" in table
+    assert "| tiny | exact | NCHW / NHWC |" in table  # a compile without "layout" was NCHW
     assert "| tiny | korch | 0.75 | 0.00 | 0.00 | 0.00 | 0.00 | 0.25 | 0.05 | 1.05 |" in table
     assert "| tiny | onnxruntime | 1.25 |" in table

@@ -835,6 +835,9 @@ def compile_summary(report: Mapping) -> dict:
         "kernel_calls": report.get("kernel_calls"),
         "kind_ms": report.get("kind_ms"),          # modelled, per kernel kind
         "kernel_kinds": report.get("kernel_kinds"),  # PrimFunc name -> kind, for the profile
+        "layout": report.get("layout", "NCHW"),  # compiles before layouts were chosen: NCHW
+        "layout_modelled_ms": {layout: entry["modelled_ms"]
+                               for layout, entry in report.get("layouts", {}).items()},
     }
     if plan:
         gaps = [entry["gap"] for entry in plan.get("solver", []) if entry.get("gap") is not None]
@@ -926,6 +929,11 @@ def summary_lines(result: Mapping) -> list[str]:
                           f"trials, peak {info['peak_rss_mb']:.0f} MB)"
                           for phase, info in phases.items())
         lines.append(f"  compile {path}: {parts}")
+        last = list(phases.values())[-1]
+        if len(last.get("layout_modelled_ms") or {}) > 1:
+            lines.append(f"    layout {last['layout']} (modelled " + ", ".join(
+                f"{layout} {ms:.3f} ms" for layout, ms in last["layout_modelled_ms"].items())
+                + ")")
     plan = result.get("korch_plan")
     if plan:
         lines.append(f"  korch plan: {plan['kernels_chosen']} kernels from {plan['candidates']} "
