@@ -118,3 +118,50 @@ def test_stock_auto_reports_every_layout_and_adds_up_their_costing(tmp_path):
     assert report["modelled_ms"] == layouts[report["layout"]]["modelled_ms"]
     assert report["tuning"]["kernels"] == sum(e["tuning"]["kernels"] for e in layouts.values())
     assert all(np.isfinite(e["modelled_ms"]) for e in layouts.values())
+
+
+def activation_transposes(mod) -> int:
+    found = []
+
+    def visit(expr):
+        if (isinstance(expr, relax.Call) and expr.op.name == "relax.permute_dims"
+                and not isinstance(expr.args[0], tvm.ir.expr.Constant)):
+            found.append(expr)
+
+    relax.analysis.post_order_visit(mod["main"], visit)
+    return len(found)
+
+
+def clip_and_scale_module():
+    """conv -> clip(0, 6) -> multiply by a (C, 1, 1) constant -> conv: the two patterns
+    ConvertLayout would otherwise transpose around."""
+    rng = np.random.default_rng(0)
+    c = CHANNELS
+    x = relax.Var("x", relax.TensorType(NCHW_SHAPE, "float32"))
+    w1, w2 = (relax.const(rng.standard_normal((c, c, 1, 1)).astype("float32")) for _ in "ab")
+    scale = relax.const(rng.standard_normal((c, 1, 1)).astype("float32"))
+    builder = relax.BlockBuilder()
+    with builder.function("main", [x]):
+        with builder.dataflow():
+            y = builder.emit(relax.op.nn.conv2d(x, w1))
+            y = builder.emit(relax.op.clip(y, 0.0, 6.0))
+            y = builder.emit(relax.op.multiply(y, scale))
+            out = builder.emit_output(relax.op.nn.conv2d(y, w2))
+        builder.emit_func_output(out)
+    return builder.get()
+
+
+def run_module(mod, x):
+    executable = tvm.compile(mod, target="llvm")
+    vm = relax.VirtualMachine(executable, tvm.cpu())
+    return vm["main"](tvm.runtime.tensor(x)).numpy()
+
+
+def test_clip_and_low_rank_constants_do_not_force_transposes():
+    mod = clip_and_scale_module()
+    converted = convert_layout(mod, "NHWC")
+    assert conv_data_layouts(converted) == ["NHWC", "NHWC"]
+    assert activation_transposes(converted) == 2  # only the input and the output
+    x = np.random.default_rng(1).standard_normal(NCHW_SHAPE).astype("float32") * 4
+    expected = run_module(mod, x)
+    np.testing.assert_allclose(run_module(converted, x), expected, rtol=1e-5, atol=1e-5)

@@ -13,12 +13,20 @@ every operator that can follow the new layout and inserts ``permute_dims`` where
 (and at the model's inputs and outputs, which keep the layout the user feeds and reads). Those
 transposes are ordinary layout primitives of the graph, costed like any kernel, and Korch may
 fuse them into their neighbours. The weight transposes are folded into the constants.
+
+ConvertLayout gives up (and transposes back and forth) on two patterns that imported models are
+full of, so they are first rewritten into equivalent forms it follows: ``clip`` (HardSwish in
+EfficientViT: 46 transposes) becomes ``maximum(minimum(x, hi), lo)``, TOPI's own definition;
+and a constant operand of lower rank than the tensor it is broadcast against (an instance norm's
+``(C, 1, 1)`` scale in Candy: 30 transposes) gets the missing leading unit dimensions.
 """
 
 from __future__ import annotations
 
 import tvm
 from tvm import relax
+
+import numpy as np
 
 from .errors import KorchError
 
@@ -40,7 +48,9 @@ def convert_layout(mod: tvm.IRModule, layout: str) -> tvm.IRModule:
     check_layout(layout)
     if layout not in _CONV_LAYOUTS:
         return mod
-    converted = relax.transform.ConvertLayout({"relax.nn.conv2d": _CONV_LAYOUTS[layout]})(mod)
+    folded = relax.transform.FoldConstant()(mod)  # constant operands become Constants
+    friendly = _LayoutFriendlyForms(folded).transform()
+    converted = relax.transform.ConvertLayout({"relax.nn.conv2d": _CONV_LAYOUTS[layout]})(friendly)
     return relax.transform.FoldConstant()(converted)
 
 
@@ -66,3 +76,56 @@ def has_convolution(mod: tvm.IRModule) -> bool:
         if isinstance(func, relax.Function):
             relax.analysis.post_order_visit(func, visit)
     return bool(found)
+
+
+_BROADCASTING = {f"relax.{name}" for name in (
+    "add", "subtract", "multiply", "divide", "maximum", "minimum", "power", "floor_divide")}
+
+
+@relax.expr_functor.mutator
+class _LayoutFriendlyForms(relax.PyExprMutator):
+    """Equivalent forms of two patterns ConvertLayout cannot follow (module docstring)."""
+
+    def __init__(self, mod: tvm.IRModule):
+        super().__init__(mod)
+        self.mod_ = mod
+
+    def transform(self) -> tvm.IRModule:
+        for global_var, func in self.mod_.functions_items():
+            if isinstance(func, relax.Function):
+                self.builder_.update_func(global_var, self.visit_expr(func))
+        return self.builder_.get()
+
+    def visit_call_(self, call: relax.Call) -> relax.Expr:
+        call = self.visit_expr_post_order(call)
+        name = getattr(call.op, "name", None)
+        if name == "relax.clip":
+            return _clip_as_min_max(call)
+        if name in _BROADCASTING:
+            return _constants_at_full_rank(call)
+        return call
+
+
+def _clip_as_min_max(call: relax.Call) -> relax.Expr:
+    x, low, high = call.args
+    dtype = getattr(x.ty, "dtype", None)
+    bounds = [getattr(bound, "value", None) for bound in (low, high)]
+    if dtype is None or not all(isinstance(b, (tvm.tirx.FloatImm, tvm.tirx.IntImm, float, int))
+                                for b in bounds):
+        return call
+    low_value, high_value = (float(getattr(b, "value", b)) for b in bounds)
+    upper = relax.op.minimum(x, relax.const(high_value, str(dtype)))
+    return relax.op.maximum(upper, relax.const(low_value, str(dtype)))
+
+
+def _constants_at_full_rank(call: relax.Call) -> relax.Expr:
+    ranks = [getattr(arg.ty, "ndim", -1) for arg in call.args]
+    rank = max(ranks)
+    args = list(call.args)
+    for k, arg in enumerate(args):
+        if isinstance(arg, tvm.ir.expr.Constant) and 0 < ranks[k] < rank:
+            data = arg.value.numpy()
+            args[k] = relax.const(np.reshape(data, (1,) * (rank - data.ndim) + data.shape))
+    if all(new is old for new, old in zip(args, call.args)):
+        return call
+    return relax.Call(call.op, args, call.attrs, call.ty_args)
