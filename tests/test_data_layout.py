@@ -7,7 +7,8 @@ from tvm import relax
 
 from korch_tvm.compile import compile_model
 from korch_tvm.config import KorchConfig
-from korch_tvm.data_layout import convert_layout, has_convolution, layout_variants
+from korch_tvm.data_layout import (convert_layout, has_convolution, in_best_layout,
+                                   layout_variants)
 from korch_tvm.errors import KorchError
 from korch_tvm.frontend import import_onnx
 from korch_tvm.passes import plan_korch
@@ -165,3 +166,25 @@ def test_clip_and_low_rank_constants_do_not_force_transposes():
     x = np.random.default_rng(1).standard_normal(NCHW_SHAPE).astype("float32") * 4
     expected = run_module(mod, x)
     np.testing.assert_allclose(run_module(converted, x), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_a_failing_optional_layout_is_left_out_but_the_first_must_work(caplog):
+    mod = conv_module()
+    budgets = []
+
+    def compile_in(layout, variant, budget):
+        budgets.append(budget)
+        if layout == "NHWC":
+            raise RuntimeError("no schedule\nmore detail")
+        return 3.0
+
+    best, results = in_best_layout(mod, "auto", compile_in, float, time_budget=100.0)
+    assert best == "NCHW" and results == {"NCHW": 3.0}
+    assert "layout NHWC failed, so it is not considered: no schedule" in caplog.text
+    assert budgets[0] == pytest.approx(50.0, abs=1.0) and budgets[1] > 49.0  # an even share
+
+    def first_fails(layout, variant, budget):
+        raise RuntimeError(f"{layout} broke")
+
+    with pytest.raises(RuntimeError, match="NCHW broke"):
+        in_best_layout(mod, "auto", first_fails, float)

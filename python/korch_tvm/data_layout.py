@@ -26,9 +26,18 @@ from __future__ import annotations
 import tvm
 from tvm import relax
 
+import logging
+import time
+from collections.abc import Callable
+from typing import TypeVar
+
 import numpy as np
 
+from . import interrupts
 from .errors import KorchError
+
+logger = logging.getLogger("korch_tvm.data_layout")
+Result = TypeVar("Result")
 
 LAYOUTS = ("NCHW", "NHWC")
 CHOICES = (*LAYOUTS, "auto")
@@ -62,6 +71,39 @@ def layout_variants(mod: tvm.IRModule, layout: str) -> dict[str, tvm.IRModule]:
     if not has_convolution(mod):
         return {LAYOUTS[0]: mod}
     return {choice: convert_layout(mod, choice) for choice in LAYOUTS}
+
+
+def in_best_layout(mod: tvm.IRModule, layout: str,
+                   compile_in: Callable[[str, tvm.IRModule, float | None], Result],
+                   modelled_ms: Callable[[Result], float], time_budget: float | None = None,
+                   ) -> tuple[str, dict[str, Result]]:
+    """(the layout of least modelled latency, every layout's result) for `mod` in `layout`.
+
+    `compile_in(layout, module, time_budget)` plans or compiles one variant; the variants share
+    `time_budget` evenly (what one leaves goes to the next). A variant after the first that
+    fails is left out with a warning: an optional layout must not sink a compile that the model
+    as given can do.
+    """
+    variants = layout_variants(mod, layout)
+    deadline = None if time_budget is None else time.perf_counter() + time_budget
+    results: dict[str, Result] = {}
+    for position, (name, variant) in enumerate(variants.items()):
+        if len(variants) > 1:
+            logger.info("layout %s (%d of %d)", name, position + 1, len(variants))
+        left = None if deadline is None else max(0.0, deadline - time.perf_counter())
+        try:
+            results[name] = compile_in(name, variant,
+                                       None if left is None else left / (len(variants) - position))
+        except Exception as err:  # noqa: BLE001 - see the docstring
+            if position == 0 or interrupts.pressed():  # a Ctrl-C TVM re-raised as an error
+                raise
+            logger.warning("layout %s failed, so it is not considered: %s", name,
+                           (str(err).strip().splitlines() or [repr(err)])[0])
+    best = min(results, key=lambda name: modelled_ms(results[name]))
+    if len(results) > 1:
+        logger.info("layout %s chosen (modelled %s)", best, ", ".join(
+            f"{name} {modelled_ms(result):.3f} ms" for name, result in results.items()))
+    return best, results
 
 
 def has_convolution(mod: tvm.IRModule) -> bool:

@@ -17,11 +17,10 @@ from dataclasses import dataclass, field, replace
 
 import tvm
 
-from . import interrupts
 from .candidates import enumerate_candidates
 from .config import KorchConfig
 from .cost_model import default_predictor
-from .data_layout import layout_variants
+from .data_layout import in_best_layout
 from .costing import (default_schedule_costs, measure_costs, merge_summaries, open_tuning_log,
                       shared_runner, summarize, tune_costs)
 from .fission import lower_to_primitives, lowering_stats
@@ -122,28 +121,12 @@ def plan_korch(mod: tvm.IRModule, config: KorchConfig, *, predict_only: bool = F
     With ``config.layout == "auto"`` a model with convolutions is planned in each activation
     layout (data_layout.py) and the plan of least modelled latency is kept.
     """
-    variants = layout_variants(mod, config.layout)
-    plans = {}
-    deadline = (None if config.time_budget is None
-                else time.perf_counter() + config.time_budget)
-    for position, (layout, variant) in enumerate(variants.items()):
-        if len(variants) > 1:
-            logger.info("planning in layout %s (%d of %d)", layout, position + 1, len(variants))
-        left = None if deadline is None else max(0.0, deadline - time.perf_counter())
-        share = None if left is None else left / (len(variants) - position)
-        try:
-            plans[layout] = _plan_in_layout(mod, variant, layout,
-                                            config.with_changes(time_budget=share),
-                                            predict_only=predict_only, measure_with=measure_with)
-        except Exception as err:  # noqa: BLE001 - an optional layout must not sink the compile
-            if position == 0 or interrupts.pressed():  # a Ctrl-C TVM re-raised as an error
-                raise
-            logger.warning("layout %s could not be planned, so it is not considered: %s",
-                           layout, str(err).strip().splitlines()[0] if str(err).strip() else err)
-    best = min(plans, key=lambda layout: plans[layout].modelled_ms)
-    if len(plans) > 1:
-        logger.info("layout %s chosen (modelled %s)", best, ", ".join(
-            f"{layout} {plan.modelled_ms:.3f} ms" for layout, plan in plans.items()))
+    def plan_in(layout, variant, time_budget):
+        return _plan_in_layout(mod, variant, layout, config.with_changes(time_budget=time_budget),
+                               predict_only=predict_only, measure_with=measure_with)
+
+    best, plans = in_best_layout(mod, config.layout, plan_in, lambda plan: plan.modelled_ms,
+                                 config.time_budget)
     return replace(plans[best], layouts={layout: {"modelled_ms": plan.modelled_ms,
                                                   "tuning": summarize(plan.costs.values())}
                                          for layout, plan in plans.items()})

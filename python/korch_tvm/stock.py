@@ -6,7 +6,6 @@ same trial budget as the Korch path.
 
 from __future__ import annotations
 
-import logging
 import math
 from collections import Counter
 
@@ -15,7 +14,7 @@ from tvm import relax
 
 from .config import KorchConfig
 from .costing import cost_kernels, merge_summaries
-from .data_layout import layout_variants
+from .data_layout import in_best_layout
 from .fast_math import legalize_ops
 from .in_model import load_in_model_times
 from .kernel_kinds import kind_times, module_kernel_kinds
@@ -24,7 +23,6 @@ from .layout import mark_layout_free_weights
 from .rewrite import apply_tuning_log, scheduled_kernel_count
 
 CALL_TIR = tvm.ir.Op.get("relax.call_tir")
-logger = logging.getLogger("korch_tvm.stock")
 
 
 def stock_fusion(mod: tvm.IRModule, target, *, fast_math: bool = True) -> tvm.IRModule:
@@ -60,13 +58,11 @@ def run_stock(mod: tvm.IRModule, config: KorchConfig):
     Layouts are chosen as Korch chooses them (data_layout.py): with "auto", a model with
     convolutions is compiled in each layout and the one of least modelled latency is kept.
     """
-    variants = layout_variants(mod, config.layout)
-    results = {}
-    for position, (layout, variant) in enumerate(variants.items()):
-        if len(variants) > 1:
-            logger.info("stock path in layout %s (%d of %d)", layout, position + 1, len(variants))
-        results[layout] = _run_stock_in_layout(variant, config)
-    best = min(results, key=lambda layout: results[layout][1]["modelled_ms"])
+    best, results = in_best_layout(
+        mod, config.layout,
+        lambda _, variant, budget: _run_stock_in_layout(variant,
+                                                        config.with_changes(time_budget=budget)),
+        lambda result: result[1]["modelled_ms"], config.time_budget)
     tuned, report = results[best]
     layouts = {layout: {"modelled_ms": report["modelled_ms"], "tuning": report["tuning"]}
                for layout, (_, report) in results.items()}
