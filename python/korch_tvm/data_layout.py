@@ -35,6 +35,7 @@ import numpy as np
 
 from . import interrupts
 from .errors import KorchError
+from .fission import mutate_relax_functions
 
 logger = logging.getLogger("korch_tvm.data_layout")
 Result = TypeVar("Result")
@@ -58,7 +59,7 @@ def convert_layout(mod: tvm.IRModule, layout: str) -> tvm.IRModule:
     if layout not in _CONV_LAYOUTS:
         return mod
     folded = relax.transform.FoldConstant()(mod)  # constant operands become Constants
-    friendly = _LayoutFriendlyForms(folded).transform()
+    friendly = mutate_relax_functions(_LayoutFriendlyForms(folded), folded)
     converted = relax.transform.ConvertLayout({"relax.nn.conv2d": _CONV_LAYOUTS[layout]})(friendly)
     return relax.transform.FoldConstant()(converted)
 
@@ -127,16 +128,6 @@ _BROADCASTING = {f"relax.{name}" for name in (
 @relax.expr_functor.mutator
 class _LayoutFriendlyForms(relax.PyExprMutator):
     """Equivalent forms of two patterns ConvertLayout cannot follow (module docstring)."""
-
-    def __init__(self, mod: tvm.IRModule):
-        super().__init__(mod)
-        self.mod_ = mod
-
-    def transform(self) -> tvm.IRModule:
-        for global_var, func in self.mod_.functions_items():
-            if isinstance(func, relax.Function):
-                self.builder_.update_func(global_var, self.visit_expr(func))
-        return self.builder_.get()
 
     def visit_call_(self, call: relax.Call) -> relax.Expr:
         call = self.visit_expr_post_order(call)

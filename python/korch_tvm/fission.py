@@ -371,14 +371,7 @@ class _PrimitiveRewriter(relax.PyExprMutator):
 
     def __init__(self, mod: tvm.IRModule):
         super().__init__(mod)
-        self.mod_ = mod
         self.lowered_tuple_fields = []  # field lists of the tuples rules returned
-
-    def transform(self) -> tvm.IRModule:
-        for global_var, func in self.mod_.functions_items():
-            if isinstance(func, relax.Function):
-                self.builder_.update_func(global_var, self.visit_expr(func))
-        return self.builder_.get()
 
     def visit_call_(self, call: relax.Call) -> relax.Expr:
         call = self.visit_expr_post_order(call)
@@ -411,12 +404,20 @@ class _PrimitiveRewriter(relax.PyExprMutator):
         )
 
 
+def mutate_relax_functions(mutator, mod: tvm.IRModule) -> tvm.IRModule:
+    """`mod` with every Relax function rewritten by `mutator` (a PyExprMutator made on `mod`)."""
+    for global_var, func in mod.functions_items():
+        if isinstance(func, relax.Function):
+            mutator.builder_.update_func(global_var, mutator.visit_expr(func))
+    return mutator.builder_.get()
+
+
 @tvm.transform.module_pass(opt_level=0, name="PrimitiveLowering")
 class PrimitiveLowering:
     """Rewrite composite Relax operators into primitive ones (rules: ``LOWERING_RULES``)."""
 
     def transform_module(self, mod: tvm.IRModule, ctx: tvm.transform.PassContext) -> tvm.IRModule:
-        return _PrimitiveRewriter(mod).transform()
+        return mutate_relax_functions(_PrimitiveRewriter(mod), mod)
 
 
 # ---------------------------------------------------------------- statistics for the report
