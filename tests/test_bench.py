@@ -197,3 +197,34 @@ def test_suite_table_from_a_result(tmp_path):
     assert "| tiny | exact | NCHW / NHWC |" in table  # a compile without "layout" was NCHW
     assert "| tiny | korch | 0.75 | 0.00 | 0.00 | 0.00 | 0.00 | 0.25 | 0.05 | 1.05 |" in table
     assert "| tiny | onnxruntime | 1.25 |" in table
+
+
+def test_bench_and_retime_a_tiny_conv_model_end_to_end(tmp_path):
+    """The whole harness once, small: both compiles (in both layouts), timing, the kernel
+    profile joined with the isolated costs, and a re-time of the kept libraries."""
+    import onnx
+
+    from test_layout import conv_block_onnx
+
+    model = tmp_path / "conv.onnx"
+    onnx.save(conv_block_onnx(8, 10), str(model))
+    reports = tmp_path / "reports"
+    timing = dict(repeat=2, warmup=1, min_sample_ms=1.0, gap_ms=1.0)
+    result = bench.bench_model(str(model), tuning_logs=str(tmp_path / "logs"), threads=1,
+                               warm=False, memory=False, reports_dir=str(reports), **timing)
+    for path in ("stock", "korch"):
+        compiled = result["compile"][path]["cold"]
+        assert compiled["layout"] in ("NCHW", "NHWC")
+        assert set(compiled["layout_modelled_ms"]) == {"NCHW", "NHWC"}
+        assert compiled["layout_modelled_ms"][compiled["layout"]] == pytest.approx(
+            min(compiled["layout_modelled_ms"].values()))
+        assert len(result["samples_ms"][path]) == 2
+        # every kernel that ran is joined with its isolated cost: the isolated times add up
+        # to the modelled latency
+        rows = result["in_model"]["kernels"][path]
+        assert sum(r["isolated_ms"] for r in rows) == pytest.approx(compiled["modelled_ms"])
+    assert any("layout" in line for line in bench.summary_lines(result))
+    retimed = bench.retime(str(model), result, str(reports), threads=1, with_ort=False,
+                           **timing)
+    assert retimed["earlier_timings"][0]["samples_ms"] == result["samples_ms"]
+    assert retimed["in_model"]["kernels"]["korch"], "the re-time profiles the kernels again"

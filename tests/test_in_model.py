@@ -28,7 +28,8 @@ KORCH_REPORT = {
     "kernel_kinds": {"korch_k0": "conv1x1", "korch_k1": "memory"},
     "plan": {"kernels": [{"key": "d", "ms": 3.0, "isolated_ms": 1.5},
                          {"key": None, "ms": None, "isolated_ms": None},   # opaque
-                         {"key": "e", "ms": 0.2, "isolated_ms": 0.2}]},
+                         {"key": "e", "ms": 0.2, "isolated_ms": 0.2},
+                         {"key": "d", "ms": 3.0, "isolated_ms": 1.5}]},   # runs as korch_k0
 }
 
 
@@ -43,12 +44,13 @@ def test_rows_join_reports_with_in_model_times_per_run():
     assert stock == [row("a", "conv1x1", 2.0, 1.0, "fused_conv"),
                      row("b", "memory", 1.5, 3.0, "fused_add")]
     korch = kernel_rows(KORCH_REPORT, {"korch_k0": 1.2, "korch_k1": 9.0, "korch_k2": 0.3})
-    # the isolated cost, not the scaled one; the opaque kernel has no key and is left out
-    assert korch == [row("d", "conv1x1", 1.5, 1.2, "korch_k0"),
+    # the isolated cost, not the scaled one; the opaque kernel has no key and is left out; k3
+    # has k0's key, and the build called k0's PrimFunc for both (both calls are in k0's time)
+    assert korch == [row("d", "conv1x1", 3.0, 1.2, "korch_k0"),
                      row("e", "memory", 0.2, 0.3, "korch_k2")]
     table = fidelity_by_kind(stock + korch)
-    assert table["conv1x1"] == pytest.approx({"isolated_ms": 3.5, "in_model_ms": 2.2,
-                                              "ratio": 2.2 / 3.5})
+    assert table["conv1x1"] == pytest.approx({"isolated_ms": 5.0, "in_model_ms": 2.2,
+                                              "ratio": 2.2 / 5.0})
 
 
 def test_record_replaces_older_ratios_and_drops_implausible_ones(tmp_path, caplog):

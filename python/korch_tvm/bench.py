@@ -650,8 +650,7 @@ def _bench_model(model, tvm_target, target, scratch, tuning_logs, budget, time_b
                  fast_math, calibrate, layout) -> dict:
     import tvm
 
-    from .in_model import fidelity_by_kind, kernel_rows, record_in_model_times
-    from .kind_profile import sum_by_kind
+    from .in_model import record_in_model_times
     from .target import target_tag
 
     keep = reports_dir or scratch
@@ -726,17 +725,10 @@ def _bench_model(model, tvm_target, target, scratch, tuning_logs, budget, time_b
                warmup=warmup, min_sample_ms=min_sample_ms, gap_ms=gap_ms,
                max_timing_s=max_timing_s)
     log("profile by kernel kind ...")
-    kernel_ms, ort_kinds = profile_in_model(model, libraries, input_shapes, threads, with_ort)
-    result["kind_profile_ms"] = {
-        path: sum_by_kind(kernel_ms[path], final_reports[path].get("kernel_kinds") or {})
-        for path in ("stock", "korch")}
-    if ort_kinds is not None:
-        result["kind_profile_ms"]["onnxruntime"] = ort_kinds
+    rows = _profile_into(result, model, libraries, final_reports, input_shapes, threads,
+                         with_ort)
     result["kind_modelled_ms"] = {path: compiles[path][phases[-1][0]].get("kind_ms")
                                   for path in ("stock", "korch")}
-    rows = {path: kernel_rows(final_reports[path], kernel_ms[path]) for path in ("stock", "korch")}
-    result["in_model"] = {"by_kind": {path: fidelity_by_kind(rows[path]) for path in rows},
-                          "kernels": rows}
     if calibrate:
         directory = os.path.join(tuning_logs, target_tag(tvm_target))
         kept = record_in_model_times(directory, rows["stock"] + rows["korch"], stem)
@@ -749,6 +741,25 @@ def _bench_model(model, tvm_target, target, scratch, tuning_logs, budget, time_b
     result["work"] = model_work(source.relax_module)
     _add_floor(result, machine)
     return result
+
+
+def _profile_into(result: dict, model, libraries, reports, input_shapes, threads,
+                  with_ort) -> dict:
+    """Time every kernel call in the running libraries (and ORT's nodes); put the time per kind
+    and the isolated -> in-model join into result; return the joined rows per path."""
+    from .in_model import fidelity_by_kind, kernel_rows
+    from .kind_profile import sum_by_kind
+
+    kernel_ms, ort_kinds = profile_in_model(model, libraries, input_shapes, threads, with_ort)
+    result["kind_profile_ms"] = {
+        path: sum_by_kind(kernel_ms[path], reports[path].get("kernel_kinds") or {})
+        for path in ("stock", "korch")}
+    if ort_kinds is not None:
+        result["kind_profile_ms"]["onnxruntime"] = ort_kinds
+    rows = {path: kernel_rows(reports[path], kernel_ms[path]) for path in ("stock", "korch")}
+    result["in_model"] = {"by_kind": {path: fidelity_by_kind(rows[path]) for path in rows},
+                          "kernels": rows}
+    return rows
 
 
 def _time_into(result: dict, model, libraries, input_shapes, threads, with_ort, *, repeat,
@@ -808,6 +819,11 @@ def retime(model, previous: dict, reports_dir: str, *, input_shapes=None, thread
     _time_into(result, model, libraries, input_shapes, threads,
                with_ort and _ort_available(), repeat=repeat, warmup=warmup,
                min_sample_ms=min_sample_ms, gap_ms=gap_ms, max_timing_s=max_timing_s)
+    reports = {path: os.path.join(reports_dir, f"{stem}.{path}.{phase}.json")
+               for path in ("stock", "korch")}
+    if all(os.path.exists(path) for path in reports.values()):  # the profile needs them
+        _profile_into(result, model, libraries, {p: _load_json(r) for p, r in reports.items()},
+                      input_shapes, threads, with_ort and _ort_available())
     _add_floor(result, machine)
     return result
 

@@ -79,7 +79,10 @@ def kernel_rows(report: Mapping, kernel_ms: Mapping[str, float]) -> list[dict]:
     """One row per kernel of a compile report that ran in the model: name, key, kind, isolated
     ms and in-model ms, both per model run (a stock kernel called twice counts twice).
 
-    `kernel_ms` is `kind_profile.tvm_kernel_times` of the report's library.
+    `kernel_ms` is `kind_profile.tvm_kernel_times` of the report's library. Kernels with the
+    same key are one row: they get the same schedule, and when the pre-packed copies of two are
+    identical the build keeps one PrimFunc, called under the first one's name for both (seen on
+    YOLOX-nano in NHWC: 151 kernels in the plan, 83 names called).
     """
     kinds = report.get("kernel_kinds") or {}
     if report.get("korch"):
@@ -90,12 +93,21 @@ def kernel_rows(report: Mapping, kernel_ms: Mapping[str, float]) -> list[dict]:
         entries = [(kernel["name"], kernel.get("key"),
                     kernel.get("isolated_ms", kernel.get("ms")), kernel.get("calls", 1))
                    for kernel in report.get("kernels", [])]
-    rows = []
+    by_key: dict[str, dict] = {}
     for name, key, isolated_ms, calls in entries:
-        if key is None or isolated_ms is None or name not in kernel_ms:
-            continue  # opaque, unmeasurable, or not called in this run
-        rows.append({"name": name, "key": key, "kind": kinds.get(name, "memory"),
-                     "isolated_ms": isolated_ms * calls, "in_model_ms": kernel_ms[name]})
+        if key is None or isolated_ms is None:
+            continue  # opaque or unmeasurable
+        row = by_key.setdefault(key, {"names": [], "isolated_ms": 0.0})
+        row["names"].append(name)
+        row["isolated_ms"] += isolated_ms * calls
+    rows = []
+    for key, row in by_key.items():
+        called = [name for name in row["names"] if name in kernel_ms]
+        if not called:
+            continue  # not called in this run
+        rows.append({"name": called[0], "key": key, "kind": kinds.get(called[0], "memory"),
+                     "isolated_ms": row["isolated_ms"],
+                     "in_model_ms": sum(kernel_ms[name] for name in called)})
     return rows
 
 
