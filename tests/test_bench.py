@@ -210,7 +210,7 @@ def test_bench_and_retime_a_tiny_conv_model_end_to_end(tmp_path):
     onnx.save(conv_block_onnx(8, 10), str(model))
     reports = tmp_path / "reports"
     timing = dict(repeat=2, warmup=1, min_sample_ms=1.0, gap_ms=1.0)
-    result = bench.bench_model(str(model), tuning_logs=str(tmp_path / "logs"), threads=1,
+    result = bench.bench_model(str(model), tuning_logs=str(tmp_path / "logs"),
                                warm=False, memory=False, reports_dir=str(reports), **timing)
     for path in ("stock", "korch"):
         compiled = result["compile"][path]["cold"]
@@ -224,7 +224,6 @@ def test_bench_and_retime_a_tiny_conv_model_end_to_end(tmp_path):
         rows = result["in_model"]["kernels"][path]
         assert sum(r["isolated_ms"] for r in rows) == pytest.approx(compiled["modelled_ms"])
     assert any("layout" in line for line in bench.summary_lines(result))
-    retimed = bench.retime(str(model), result, str(reports), threads=1, with_ort=False,
-                           **timing)
+    retimed = bench.retime(str(model), result, str(reports), with_ort=False, **timing)
     assert retimed["earlier_timings"][0]["samples_ms"] == result["samples_ms"]
     assert retimed["in_model"]["kernels"]["korch"], "the re-time profiles the kernels again"

@@ -9,6 +9,7 @@ import tvm
 from tvm import relax
 
 from korch_tvm import compile_model
+from korch_tvm.config import KorchConfig
 from korch_tvm.in_model import (FILE_NAME, InModelTimes, fidelity_by_kind, kernel_rows,
                                 load_in_model_times, record_in_model_times, scaled_costs)
 from korch_tvm.kind_profile import tvm_kernel_times
@@ -103,8 +104,9 @@ def test_recorded_ratios_steer_the_next_plan(tmp_path):
     """Time a Korch build's kernels in the model, then claim TVM's fusion groups run 5x faster
     in the model than alone: the next plan is exactly those groups, costed that way."""
     logs = str(tmp_path)
+    config = KorchConfig(layout="NCHW")  # one layout: the ratios below cover all its kernels
     executable, report = compile_model(conv_block_onnx(), korch=True, tuning_logs=logs,
-                                       verify=False)
+                                       verify=False, config=config)
     vm = relax.VirtualMachine(executable, tvm.cpu(0))
     data = np.random.default_rng(0).standard_normal((1, 16, 14, 14)).astype("float32")
     rows = kernel_rows(report, tvm_kernel_times(vm, [tvm.runtime.tensor(data, tvm.cpu(0))],
@@ -112,14 +114,16 @@ def test_recorded_ratios_steer_the_next_plan(tmp_path):
     assert len(rows) == len(report["plan"]["kernels"])
     assert all(r["in_model_ms"] > 0 and r["isolated_ms"] > 0 for r in rows)
 
-    _, stock = compile_model(conv_block_onnx(), korch=False, tuning_logs=logs, verify=False)
+    _, stock = compile_model(conv_block_onnx(), korch=False, tuning_logs=logs, verify=False,
+                             config=config)
     directory = tmp_path / target_tag(parse_target("llvm"))
     entries = {k["key"]: {"ratio": 0.2, "kind": k["kind"]} for k in stock["kernels"]}
     entries.update({r["key"]: {"ratio": 5.0, "kind": r["kind"]} for r in rows
                     if r["key"] not in entries})
     (directory / FILE_NAME).write_text(json.dumps({"version": 1, "kernels": entries}))
 
-    _, again = compile_model(conv_block_onnx(), korch=True, tuning_logs=logs, verify=False)
+    _, again = compile_model(conv_block_onnx(), korch=True, tuning_logs=logs, verify=False,
+                             config=config)
     kernels = again["plan"]["kernels"]
     assert all(kernel["stock_group"] for kernel in kernels)
     assert {kernel["key"] for kernel in kernels} == {k["key"] for k in stock["kernels"]}
@@ -128,5 +132,5 @@ def test_recorded_ratios_steer_the_next_plan(tmp_path):
     assert again["modelled_ms"] == pytest.approx(0.2 * again["modelled_isolated_ms"])
     assert again["tuning"]["measured"] == 0    # nothing new to measure: only costs changed
     _, stock_again = compile_model(conv_block_onnx(), korch=False, tuning_logs=logs,
-                                   verify=False)
+                                   verify=False, config=config)
     assert stock_again["modelled_ms"] == pytest.approx(0.2 * stock["modelled_ms"])

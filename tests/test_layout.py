@@ -109,7 +109,9 @@ def tuned_conv_block(tmp_path_factory):
     """The stock path tuned once (a few trials), then compiled again from the same log."""
     model = conv_block_onnx()
     logs = str(tmp_path_factory.mktemp("layout-logs"))
-    config = KorchConfig(target=TARGET, trials=12, tuning_logs=logs, progress=False)
+    # NCHW: in NHWC the module also calls the input's and output's transposes
+    config = KorchConfig(target=TARGET, trials=12, tuning_logs=logs, progress=False,
+                         layout="NCHW")
     first, first_report = run_stock(import_onnx(model, None), config)
     second, second_report = run_stock(import_onnx(model, None), config)
     return model, first, first_report, second, second_report
