@@ -45,6 +45,8 @@ import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
 
+from .config import LAYOUT_CHOICES
+
 RUNTIMES = ("stock", "korch", "onnxruntime")
 # Pause before each runtime's sample. With 20 ms, the previous runtime's worker threads were
 # still spinning on the 2 cores: YOLOX-nano measured ORT 30 ms and stock 39 ms interleaved vs
@@ -76,7 +78,7 @@ def add_arguments(parser) -> None:
                         help="threads for TVM and ONNX Runtime (default: every available core)")
     parser.add_argument("--exact-math", dest="fast_math", action="store_false",
                         help="both compiles keep TVM's libm exp/sigmoid/tanh/erf (see `compile`)")
-    parser.add_argument("--layout", choices=("auto", "NCHW", "NHWC"), default="auto",
+    parser.add_argument("--layout", choices=LAYOUT_CHOICES, default="auto",
                         help="activation layout of convolutions and what follows them: 'auto' "
                              "(default) plans the model in both and keeps the faster modelled "
                              "plan (a model with convolutions is tuned twice); applies to both "

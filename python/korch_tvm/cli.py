@@ -13,6 +13,7 @@ import os
 import sys
 
 from . import interrupts
+from .config import LAYOUT_CHOICES
 from .errors import KorchError
 
 EXIT_USER_ERROR = 2
@@ -65,7 +66,7 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
                         help="legalize exp/sigmoid/tanh/erf to TVM's per-element libm calls "
                              "instead of vectorisable polynomials (within 4e-7 relative; 2-12x "
                              "faster on the CPU); applies to both paths")
-    parser.add_argument("--layout", choices=("auto", "NCHW", "NHWC"), default="auto",
+    parser.add_argument("--layout", choices=LAYOUT_CHOICES, default="auto",
                         help="activation layout of convolutions and what follows them: 'auto' "
                              "(default) plans the model in both and keeps the faster modelled "
                              "plan (a model with convolutions is tuned twice); applies to both "

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+# Activation layouts a compile can use (data_layout.py); "auto" plans each and keeps the faster.
+LAYOUT_CHOICES = ("auto", "NCHW", "NHWC")
+
 
 @dataclass(frozen=True)
 class KorchConfig:

@@ -1,8 +1,9 @@
 """Activation layout as an implementation choice: NCHW as the model gives it, or NHWC.
 
-On this CPU the same 1x1 convolution (+ bias + SiLU), tuned with 64 trials, ran 0.42-0.61 ms in
-NCHW and 0.25-0.28 ms in NHWC, where the output channels are contiguous and vectorise without
-a transpose; a 3x3 depthwise convolution 0.046 vs 0.027 ms (bench/layouts.py). Which layout
+On this CPU the same convolution (+ bias + SiLU), tuned with 64 trials, is faster in NHWC, where
+the output channels are contiguous and vectorise without a transpose: 1x1 64->128 at 52x52
+0.42-0.45 ms in NCHW vs 0.25-0.30 in NHWC, depthwise 3x3 0.044-0.048 vs 0.028-0.037, 3x3
+0.34-0.35 vs 0.24-0.28 (bench/layouts.py, two seeds, bench/results/layouts.txt). Which layout
 wins for a whole model depends on what sits between the convolutions (reshapes and attention
 need their own layout, and every switch is a transpose), so both are planned and the cheaper
 modelled plan is kept ("auto"); both compile paths do this the same way, so their comparison
@@ -16,15 +17,14 @@ fuse them into their neighbours. The weight transposes are folded into the const
 
 ConvertLayout gives up (and transposes back and forth) on two patterns that imported models are
 full of, so they are first rewritten into equivalent forms it follows: ``clip`` (HardSwish in
-EfficientViT: 46 transposes) becomes ``maximum(minimum(x, hi), lo)``, TOPI's own definition;
-and a constant operand of lower rank than the tensor it is broadcast against (an instance norm's
-``(C, 1, 1)`` scale in Candy: 30 transposes) gets the missing leading unit dimensions.
+EfficientViT: 46 of its 68 activation transposes) becomes ``maximum(minimum(x, hi), lo)``,
+TOPI's own definition; and a constant operand of lower rank than the tensor it is broadcast
+against (an instance norm's ``(C, 1, 1)`` scale in Candy) gets the missing leading unit
+dimensions, so Candy's norms stay in NHWC and its transposes sit only around its mirror pads
+(imported as call_tir, which no layout rule follows), where Korch can fuse them with the pad.
 """
 
 from __future__ import annotations
-
-import tvm
-from tvm import relax
 
 import logging
 import time
@@ -32,24 +32,26 @@ from collections.abc import Callable
 from typing import TypeVar
 
 import numpy as np
+import tvm
+from tvm import relax
 
 from . import interrupts
+from .config import LAYOUT_CHOICES
 from .errors import KorchError
 from .fission import mutate_relax_functions
 
 logger = logging.getLogger("korch_tvm.data_layout")
 Result = TypeVar("Result")
 
-LAYOUTS = ("NCHW", "NHWC")
-CHOICES = (*LAYOUTS, "auto")
+LAYOUTS = tuple(choice for choice in LAYOUT_CHOICES if choice != "auto")
 # Data and kernel layout of conv2d for each choice; NCHW keeps the model as given.
 _CONV_LAYOUTS = {"NHWC": ["NHWC", "OHWI"]}
 _CONV2D = tvm.ir.Op.get("relax.nn.conv2d")
 
 
 def check_layout(layout: str) -> str:
-    if layout not in CHOICES:
-        raise KorchError(f"unknown layout '{layout}': choose one of {', '.join(CHOICES)}")
+    if layout not in LAYOUT_CHOICES:
+        raise KorchError(f"unknown layout '{layout}': choose one of {', '.join(LAYOUT_CHOICES)}")
     return layout
 
 

@@ -14,6 +14,8 @@ import logging
 import os
 import sys
 
+from .config import LAYOUT_CHOICES
+
 logger = logging.getLogger("korch_tvm.explain")
 
 FORMATS = ("text", "json", "html", "dot")
@@ -36,7 +38,7 @@ def add_arguments(parser) -> None:
                         help="MetaSchedule trials for kernels not in the log, as for compile")
     parser.add_argument("--time-budget", type=float, default=None, metavar="SECONDS",
                         help="bound on the costing stage; the rest uses the cost model")
-    parser.add_argument("--layout", choices=("auto", "NCHW", "NHWC"), default="auto",
+    parser.add_argument("--layout", choices=LAYOUT_CHOICES, default="auto",
                         help="activation layout, as for compile (default: auto)")
     parser.add_argument("--predict-only", action="store_true",
                         help="measure nothing: plan on logged costs and cost-model predictions "

@@ -71,7 +71,6 @@ class OnnxTrace:
             origins.append(PrimitiveOrigin(inferred, False))
         return origins
 
-
     def through_rewrite(self, traced_main, rewritten_main) -> "OnnxTrace":
         """This trace for a function rewritten from the traced one by a pass that makes new
         vars but keeps the order of the bindings it rewrites and their operators (Relax's

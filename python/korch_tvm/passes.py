@@ -20,9 +20,9 @@ import tvm
 from .candidates import enumerate_candidates
 from .config import KorchConfig
 from .cost_model import default_predictor
-from .data_layout import in_best_layout
 from .costing import (default_schedule_costs, measure_costs, merge_summaries, open_tuning_log,
                       shared_runner, summarize, tune_costs)
+from .data_layout import in_best_layout
 from .fission import lower_to_primitives, lowering_stats
 from .gpu_rules import rules_for_target
 from .in_model import load_in_model_times, scaled_costs
