@@ -173,3 +173,20 @@ def test_read_only_directory_falls_back_to_memory(tmp_path, caplog, monkeypatch)
         assert TuningLog(tmp_path, TARGET).best_seconds(other) is None
     finally:
         os.chmod(directory, 0o755)
+
+
+def test_tuning_attempts_add_up_across_writers_and_warn_once_per_corrupt_line(tmp_path, caplog):
+    kernels = list(small_kernels().values())
+    first, second = TuningLog(tmp_path, TARGET), TuningLog(tmp_path, TARGET)
+    first.add_tuning_attempts(kernels[0], 32)   # creates the attempts file
+    assert first.tuning_attempts(kernels[0]) == 32 and first.tuning_attempts(kernels[1]) == 0
+    second.add_tuning_attempts(kernels[0], 16)  # another writer, appended after the first read
+    second.add_tuning_attempts(kernels[1], 8)
+    with open(os.path.join(first.directory, "tuning_attempts.json"), "ab") as handle:
+        handle.write(b"not json\n")
+    with caplog.at_level(logging.WARNING, logger="korch_tvm"):
+        assert first.tuning_attempts(kernels[0]) == 48
+        assert first.tuning_attempts(kernels[1]) == 8
+        assert TuningLog(tmp_path, TARGET).tuning_attempts(kernels[0]) == 48
+    # read once by each of the two logs that looked, not once per lookup
+    assert caplog.text.count("tuning_attempts.json line 4 is corrupt") == 2

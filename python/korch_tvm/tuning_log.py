@@ -171,7 +171,10 @@ class TuningLog:
         self.writable = self._make_directory()
         self._thread_lock = threading.RLock()
         self._lock_depth = 0
-        self._unsaved_attempts: dict[int, int] = {}  # a read-only log's, for this process
+        # Trials asked per workload line: the attempts file as far as parsed (it is only ever
+        # appended to), plus what a read-only log could not write, for this process.
+        self._attempts: dict[int, int] = {}
+        self._attempts_parsed = (0, 0)  # (bytes, lines) of the file read so far
         self._table = _Table()
         with self._locked():
             self._load_all()
@@ -229,7 +232,11 @@ class TuningLog:
         """Trials MetaSchedule has been asked for on this kernel, over all tuning rounds."""
         self.refresh()
         line = self._table.find(kernel_mod)
-        return 0 if line is None else self._read_attempts().get(line, 0)
+        if line is None:
+            return 0
+        with self._locked():
+            self._sync_attempts()
+            return self._attempts.get(line, 0)
 
     def add_tuning_attempts(self, kernel_mod: tvm.IRModule, trials: int) -> None:
         with self._locked():
@@ -239,22 +246,25 @@ class TuningLog:
                 self._commit_workload(kernel_mod)
                 line = self._table.find(kernel_mod)
             if self.writable:
-                with open(self._path(ATTEMPTS_FILE), "ab"):
-                    pass
                 self._append(ATTEMPTS_FILE, _dump_line([line, int(trials)]))
             else:
-                self._unsaved_attempts[line] = self._unsaved_attempts.get(line, 0) + int(trials)
+                self._attempts[line] = self._attempts.get(line, 0) + int(trials)
 
-    def _read_attempts(self) -> dict[int, int]:
-        attempts = dict(self._unsaved_attempts)
-        for number, line in enumerate(self._read(ATTEMPTS_FILE).splitlines(), 1):
+    def _sync_attempts(self) -> None:
+        """Add the whole lines appended to the attempts file since the last look (each corrupt
+        line is warned about once, when first read)."""
+        offset, number = self._attempts_parsed
+        new = self._read(ATTEMPTS_FILE, offset)
+        whole = new[: new.rfind(b"\n") + 1]  # a line still being written waits for next time
+        for line in whole.splitlines():
+            number += 1
             try:
                 workload, trials = json.loads(line)
-                attempts[int(workload)] = attempts.get(int(workload), 0) + int(trials)
+                self._attempts[int(workload)] = self._attempts.get(int(workload), 0) + int(trials)
             except (ValueError, TypeError):
                 logger.warning("tuning log %s: %s line %d is corrupt; ignored", self.directory,
                                ATTEMPTS_FILE, number)
-        return attempts
+        self._attempts_parsed = (offset + len(whole), number)
 
     def commit_run(self, kernel_mod: tvm.IRModule, run_seconds: Sequence[float] | None,
                    trace=None) -> None:
@@ -420,7 +430,7 @@ class TuningLog:
     def _append(self, name: str, line: bytes) -> None:
         if not self.writable:
             return
-        fd = os.open(self._path(name), os.O_WRONLY | os.O_APPEND)
+        fd = os.open(self._path(name), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         try:
             os.write(fd, line)
             os.fsync(fd)
