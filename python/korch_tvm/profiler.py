@@ -3,9 +3,9 @@
 The stage, per distinct kernel module, in order:
 1. a record in the log -> its best time, zero trials (a second compile does no work); a kernel
    whose records are all failures is retried until it has failed `FAILED_ATTEMPTS_KEPT` times;
-2. otherwise its default (unscheduled) schedule is built and run once and the result recorded:
-   this finds kernels that cannot build or run (cost inf, never a crash) and gives every kernel a
-   finite fallback before any tuning starts;
+2. otherwise its default schedule (the one the build gives untuned kernels) is built and run
+   once and the result recorded: this finds kernels that cannot build or run (cost inf, never
+   a crash) and gives every kernel a finite fallback before any tuning starts;
 3. whatever `time_budget` left without a measurement gets a cost-model prediction;
 4. with `trials > 0`, the budget is split where the time goes (`allocate_trials`) and
    MetaSchedule tunes each kernel up to its share; every trial lands in the log through its
@@ -41,6 +41,7 @@ from .metaschedule_setup import (
     search_strategy,
     skip_gpu_tensor_intrin,
 )
+from .cpu_schedule import default_schedule as cpu_default_schedule
 from .cuda_build import device_present, no_device_reason
 from .target import host_core_count, parse_target
 from .tuning_log import TuningLog
@@ -403,13 +404,16 @@ def _distinct(kernels: Mapping[str, tvm.IRModule]) -> dict[str, list[str]]:
 def _default_schedule(kernel_mod: tvm.IRModule, target):
     """(module to build, trace to record) for a kernel's default-schedule measurement.
 
-    CPU: the kernel as written (None: the log's default trace). CUDA: unscheduled TIR has no
-    thread bindings and cannot build, so the dlight schedule TVM's CUDA pipeline would use;
-    its trace is recorded, so applying the log rebuilds exactly the measured kernel. None when
-    no dlight rule applies (the kernel is then reported as failed, cost inf).
+    The schedule the build gives a kernel no tuning record covers, so that the measurement is
+    of the kernel that will run: on the CPU, cpu_schedule's parallel + vectorized form (None:
+    the kernel as written, recorded under the log's default trace); on CUDA, which cannot build
+    unscheduled TIR, the dlight schedule TVM's CUDA pipeline would use. The trace is recorded,
+    so applying the log rebuilds exactly the measured kernel. None when no dlight rule applies
+    (the kernel is then reported as failed, cost inf).
     """
     if target.kind.name != "cuda":
-        return kernel_mod, None
+        schedule = cpu_default_schedule(kernel_mod, target)
+        return (kernel_mod, None) if schedule is None else (schedule.mod, schedule.trace)
     from .cuda_build import default_schedule
 
     schedule = default_schedule(kernel_mod, target)

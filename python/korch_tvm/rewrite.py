@@ -14,6 +14,8 @@ from collections.abc import Iterable, Sequence
 import tvm
 from tvm import relax
 
+from . import cpu_schedule
+from .cuda_build import is_cuda
 from .kernels import canonical_prim_func
 from .layout import mark_layout_free_weights, pack_constant_weights
 
@@ -30,11 +32,14 @@ def canonicalize_kernels(mod: tvm.IRModule) -> tvm.IRModule:
 
 def apply_tuning_log(mod: tvm.IRModule, database, target, *, pack_weights: bool = True
                      ) -> tvm.IRModule:
-    """Replace each kernel that has a record in `database` with its best schedule, then (with
+    """Replace each kernel that has a record in `database` with its best schedule, give the
+    others the CPU default schedule (the one their cost was measured with), then (with
     `pack_weights`) compute the weight layouts those schedules chose once, at compile time."""
     canonical = canonicalize_kernels(mod)
     with target, database:
         tuned = relax.transform.MetaScheduleApplyDatabase(enable_warning=False)(canonical)
+    if not is_cuda(target):  # CUDA's pipeline schedules the rest (cuda_build.relax_pipeline)
+        tuned = cpu_schedule.default_schedule_pass(target)(tuned)
     return pack_constant_weights(tuned) if pack_weights else tuned
 
 
@@ -45,8 +50,10 @@ def rewrite_with_plan(graph, chosen_groups: Sequence[Iterable[int]], database, t
 
 
 def scheduled_kernel_count(mod: tvm.IRModule) -> tuple[int, int]:
-    """(PrimFuncs carrying a tuned schedule, all PrimFuncs): how much of the model is tuned."""
+    """(PrimFuncs carrying a schedule from the log, all PrimFuncs): how much of the model is
+    tuned (the CPU default schedule does not count)."""
     funcs = [f for _, f in mod.functions_items() if isinstance(f, tvm.tirx.PrimFunc)]
-    tuned = sum(bool(f.attrs is not None and f.attrs.get("tirx.is_scheduled", False))
+    tuned = sum(bool(f.attrs is not None and f.attrs.get("tirx.is_scheduled", False)
+                     and not f.attrs.get(cpu_schedule.DEFAULT_SCHEDULE_ATTR, False))
                 for f in funcs)
     return tuned, len(funcs)

@@ -136,10 +136,11 @@ class _Table:
         runs = self.records.setdefault(self.canonical[line], [])
         runs.append((_mean_seconds(record.run_secs), record))
 
-    def top_k(self, mod: tvm.IRModule, k: int) -> list[TuningRecord]:
+    def top_k(self, mod: tvm.IRModule, k: int, keep=lambda record: True) -> list[TuningRecord]:
         line = self.find(mod)
         runs = [] if line is None else self.records.get(line, [])
-        ranked = sorted((run for run in runs if math.isfinite(run[0])), key=lambda run: run[0])
+        ranked = sorted((run for run in runs if math.isfinite(run[0]) and keep(run[1])),
+                        key=lambda run: run[0])
         return [record for _, record in ranked[:k]]
 
     def size(self) -> int:
@@ -482,6 +483,11 @@ def default_trace(kernel_mod: tvm.IRModule):
     return schedule.trace
 
 
+def leaves_kernel_as_written(trace) -> bool:
+    """Whether a trace only looks blocks up (`default_trace`): it schedules nothing."""
+    return all(inst.kind.name == "GetSBlock" for inst in trace.insts)
+
+
 def _renumbered(good_lines: dict[int, bytes]) -> list[bytes]:
     """Workload lines with every good line at its old number; trailing bad lines are dropped."""
     if not good_lines:
@@ -513,7 +519,11 @@ class _LogDatabase(PyDatabase):
         self._log._commit_record(record)
 
     def get_top_k(self, workload: Workload, top_k: int) -> list[TuningRecord]:
-        return self._log._table.top_k(workload.mod, top_k)
+        """The best records, leaving out those that run the kernel as written: a kernel with
+        nothing better is then given the current default schedule by the build (a log from
+        before korch_tvm scheduled untuned CPU kernels holds such records)."""
+        return self._log._table.top_k(workload.mod, top_k,
+                                      lambda record: not leaves_kernel_as_written(record.trace))
 
     def get_all_tuning_records(self) -> list[TuningRecord]:
         table = self._log._table

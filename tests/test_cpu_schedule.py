@@ -1,0 +1,128 @@
+"""The CPU default schedule: same numbers as the kernel as written, parallel and vectorized
+loops, a trace that replays, and the build and the profiler using it for untuned kernels."""
+
+import numpy as np
+import pytest
+import tvm
+from tvm.script import tirx as T
+
+from conftest import make_tiny_onnx
+from test_layout import conv_block_onnx
+from korch_tvm.cpu_schedule import DEFAULT_SCHEDULE_ATTR, default_schedule
+from korch_tvm.frontend import import_onnx
+from korch_tvm.kernels import canonical_prim_func, kernel_module
+from korch_tvm.profiler import measure_kernels
+from korch_tvm.rewrite import apply_tuning_log, scheduled_kernel_count
+from korch_tvm.stock import stock_fusion
+from korch_tvm.tuning_log import TuningLog
+
+TARGET = tvm.target.Target({"kind": "llvm", "num-cores": 2})
+
+
+def fused_kernels(model) -> dict[str, tvm.IRModule]:
+    """Every PrimFunc TVM's fusion makes of `model`, as a standalone canonical kernel."""
+    fused = stock_fusion(import_onnx(model), TARGET)
+    return {gv.name_hint: kernel_module(canonical_prim_func(func))
+            for gv, func in fused.functions_items() if isinstance(func, tvm.tirx.PrimFunc)}
+
+
+def loop_kinds(func) -> set:
+    """The kinds of the PrimFunc's loops, read from its TVMScript ("parallel", "vectorized")."""
+    text = func.script()
+    return {kind for kind in ("parallel", "vectorized", "unroll") if f"T.{kind}(" in text}
+
+
+def run_kernel(mod: tvm.IRModule, seed: int = 0) -> np.ndarray:
+    """Build `mod` and run it on seeded inputs; returns the last (output) buffer."""
+    library = tvm.compile(mod, target=TARGET)
+    rng = np.random.default_rng(seed)
+    device = tvm.cpu()
+    args = [tvm.runtime.tensor(rng.standard_normal([int(d) for d in p.ty.shape]).astype(
+        str(p.ty.dtype)), device) for p in mod["main"].params]
+    library["main"](*args)
+    return args[-1].numpy()
+
+
+@pytest.fixture(scope="module")
+def kernels():
+    found = {**fused_kernels(make_tiny_onnx(rows=32, cols=64)), **fused_kernels(conv_block_onnx())}
+    assert len(found) >= 6  # softmax parts, matmul + add, layer norm, three conv kernels
+    return found
+
+
+def test_every_kernel_scheduled_with_the_numbers_it_had(kernels):
+    for name, mod in kernels.items():
+        schedule = default_schedule(mod, TARGET)
+        assert schedule is not None, name
+        kinds = loop_kinds(schedule.mod["main"])
+        assert "parallel" in kinds, name
+        np.testing.assert_allclose(run_kernel(schedule.mod), run_kernel(mod), rtol=1e-5,
+                                   atol=1e-5, err_msg=name)
+
+
+def test_matmul_and_conv_accumulate_a_vector_of_outputs(kernels):
+    vectorized = [name for name, mod in kernels.items()
+                  if "vectorized" in loop_kinds(default_schedule(mod, TARGET)
+                                                               .mod["main"])]
+    assert any("matmul" in name for name in vectorized)
+    assert sum("conv2d" in name for name in vectorized) == 3
+
+
+def test_trace_replays_to_the_same_kernel(kernels):
+    for name, mod in kernels.items():
+        schedule = default_schedule(mod, TARGET)
+        replayed = tvm.s_tir.Schedule(mod)
+        schedule.trace.apply_to_schedule(replayed, remove_postproc=False)
+        tvm.ir.assert_structural_equal(replayed.mod, schedule.mod)
+
+
+@T.prim_func(private=True, s_tir=True)
+def _dynamic_rows(a: T.handle, b: T.handle):
+    n = T.int64()
+    A = T.match_buffer(a, (n, T.int64(16)), "float32")
+    B = T.match_buffer(b, (n, T.int64(16)), "float32")
+    for i, j in T.grid(n, T.int64(16)):
+        with T.sblock("B"):
+            vi, vj = T.axis.remap("SS", [i, j])
+            B[vi, vj] = A[vi, vj] * T.float32(2)
+
+
+def test_dynamic_extent_is_never_parallelized():
+    schedule = default_schedule(tvm.IRModule({"main": _dynamic_rows}), TARGET)
+    assert schedule is None or "parallel" not in loop_kinds(schedule.mod["main"])
+
+
+def test_build_gives_untuned_kernels_the_default_schedule(tmp_path):
+    fused = stock_fusion(import_onnx(conv_block_onnx()), TARGET)
+    built = apply_tuning_log(fused, TuningLog(tmp_path, TARGET).database, TARGET)
+    funcs = [f for _, f in built.functions_items() if isinstance(f, tvm.tirx.PrimFunc)]
+    assert len(funcs) == 3
+    assert all(f.attrs[DEFAULT_SCHEDULE_ATTR] for f in funcs)
+    assert all("parallel" in loop_kinds(f) for f in funcs)
+    assert scheduled_kernel_count(built) == (0, 3)  # a default schedule is not a tuned one
+
+
+def test_profiler_records_the_default_measurement_under_its_schedule(tmp_path, kernels):
+    name = next(n for n in kernels if "matmul" in n)
+    log = TuningLog(tmp_path, TARGET)
+    cost = measure_kernels({name: kernels[name]}, TARGET, log)[name]
+    assert cost.source == "measured" and cost.seconds > 0
+    record = log.best_record(kernels[name])
+    applied = tvm.s_tir.Schedule(kernels[name])
+    record.trace.apply_to_schedule(applied, remove_postproc=False)
+    tvm.ir.assert_structural_equal(applied.mod, default_schedule(kernels[name], TARGET).mod)
+
+
+def test_a_logged_as_written_record_is_built_with_the_default_schedule(tmp_path):
+    """A log from before the default schedule existed holds as-written measurements; the build
+    schedules those kernels all the same (their logged cost stays)."""
+    fused = stock_fusion(import_onnx(conv_block_onnx()), TARGET)
+    log = TuningLog(tmp_path, TARGET)
+    for _, func in fused.functions_items():
+        if isinstance(func, tvm.tirx.PrimFunc):
+            log.commit_run(kernel_module(canonical_prim_func(func)), [1e-3], trace=None)
+    assert log.database.get_all_tuning_records() and len(log.kernels()) == 3
+    built = apply_tuning_log(fused, log.database, TARGET)
+    funcs = [f for _, f in built.functions_items() if isinstance(f, tvm.tirx.PrimFunc)]
+    assert all(f.attrs.get(DEFAULT_SCHEDULE_ATTR, False) for f in funcs)
+    assert all("parallel" in loop_kinds(f) for f in funcs)
