@@ -148,8 +148,10 @@ def test_trials_per_kernel_scales_the_budget_with_the_kernels_tuned(tmp_path, ko
                               verify=False)
     tuning = report["tuning"]
     # 4 per kernel of the plan, split by latency share (heavy kernels get more than 4, the
-    # lightest may get none); a MetaSchedule batch may overshoot by a couple per kernel
-    assert tuning["tuned"] >= 1 and 4 * tuning["tuned"] <= tuning["trials_run"]
+    # lightest may get none), so more than one kernel's 4 in all; MetaSchedule may run fewer
+    # than asked (a small kernel's search space runs out, a candidate that fails to build
+    # leaves no record) and a batch may overshoot by a couple per kernel
+    assert tuning["tuned"] >= 2 and tuning["trials_run"] > 4
     assert tuning["trials_run"] <= 4 * tuning["kernels"] + 2 * tuning["tuned"]
     assert f"trials run {tuning['trials_run']} of budget 4 per kernel" in "\n".join(
         summary_lines(report))

@@ -104,8 +104,9 @@ def _block_kind(block) -> str | None:
 
 
 def kernel_kind(func: tvm.tirx.PrimFunc) -> str:
-    """One of KINDS for a PrimFunc (untuned or tuned: block iteration variables survive
-    scheduling); the first linear block found decides, otherwise "memory"."""
+    """One of KINDS for a PrimFunc as written (before scheduling: the CPU default schedule
+    inlines padding and drops unit loops, which hides a convolution's window); the first
+    linear block found decides, otherwise "memory"."""
     for block in _collect(func.body, tvm.s_tir.SBlock, []):
         kind = _block_kind(block)
         if kind is not None:

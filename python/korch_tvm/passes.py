@@ -317,8 +317,11 @@ def rewrite_plan(plan: KorchPlan):
     if plan.in_model_factors:
         report["modelled_isolated_ms"] = sum(kernel["isolated_ms"] or 0.0
                                              for kernel in report["plan"]["kernels"])
-    report["kind_ms"] = plan_kind_times(optimized, report["plan"])  # conv 1x1 / matmul / ...
-    report["kernel_kinds"] = module_kernel_kinds(optimized)
+    # kinds are read from the kernels as written: scheduling (inlined padding, dropped unit
+    # loops) hides the convolution windows they are told apart by
+    unscheduled = plan.graph.build_partition_module(plan.chosen_groups)
+    report["kind_ms"] = plan_kind_times(unscheduled, report["plan"])  # conv 1x1 / matmul / ...
+    report["kernel_kinds"] = module_kernel_kinds(unscheduled)
     return optimized, report
 
 
