@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -19,6 +19,7 @@ import tvm
 
 from .errors import KorchError
 from .metaschedule_setup import prepare_for_target
+from .prediction_cache import PredictionCache, file_digest
 from .target import parse_target
 
 FORMAT_VERSION = 1
@@ -231,6 +232,16 @@ def default_predictor(tuning_log, target) -> Callable[[tvm.IRModule], float]:
     if os.path.exists(path):
         return CostModel.load(path).predict
     return lambda kernel_mod: analytic_estimate(kernel_mod, target)
+
+
+def predict_kernels(tuning_log, target, modules: Mapping[str, tvm.IRModule]) -> dict[str, float]:
+    """`default_predictor`'s seconds for every kernel of `modules` (by key). The saved model's
+    predictions are cached beside the log (prediction_cache.py), so a warm compile reuses them."""
+    path = model_path(tuning_log)
+    if not os.path.exists(path):
+        return {key: analytic_estimate(module, target) for key, module in modules.items()}
+    cache = PredictionCache(tuning_log.directory, file_digest(path))
+    return cache.predict_all(modules, CostModel.load(path).predict_many)
 
 
 def train_log_model(tuning_log, **kwargs) -> tuple[CostModel, dict]:

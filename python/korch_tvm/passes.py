@@ -19,7 +19,7 @@ import tvm
 
 from .candidates import enumerate_candidates
 from .config import KorchConfig
-from .cost_model import default_predictor
+from .cost_model import default_predictor, predict_kernels
 from .costing import (default_schedule_costs, measure_costs, merge_summaries, open_tuning_log,
                       shared_runner, summarize, tune_costs)
 from .data_layout import in_best_layout
@@ -158,7 +158,7 @@ def _plan_in_layout(source: tvm.IRModule, mod: tvm.IRModule, layout: str, config
 
     tuning_log = open_tuning_log(config)
     predict = default_predictor(tuning_log, target)
-    predicted = {key: predict(module) for key, module in kernels.modules.items()}
+    predicted = predict_kernels(tuning_log, target, kernels.modules)
     kept = prune_by_prediction(candidates, kernels.keys, predicted, config.prune_margin)
     kept_kernels = {kernels.keys[i]: kernels.modules[kernels.keys[i]] for i in kept
                     if kernels.keys[i] is not None}
