@@ -120,24 +120,14 @@ def _vector_width(extent: int | None) -> int | None:
     return width if width >= MIN_VECTOR_WIDTH else None
 
 
-def _is_scheduled(func) -> bool:
-    return func.attrs is not None and bool(func.attrs.get("tirx.is_scheduled", False))
-
-
 def default_schedule_pass(target) -> tvm.transform.Pass:
     """Give every PrimFunc that no tuning record scheduled the CPU default schedule."""
+    from .kernels import schedule_unscheduled
 
     @tvm.transform.module_pass(opt_level=0, name="KorchCPUDefaultSchedule")
     def _schedule(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
-        updated = {}
-        for global_var, func in mod.functions_items():
-            if isinstance(func, tvm.tirx.PrimFunc) and not _is_scheduled(func):
-                schedule = default_schedule(tvm.IRModule({"main": func}), target)
-                if schedule is not None:
-                    scheduled = schedule.mod["main"].with_attr("tirx.is_scheduled", True)
-                    updated[global_var] = scheduled.with_attr(DEFAULT_SCHEDULE_ATTR, True)
-        for global_var, func in updated.items():
-            mod[global_var] = func
-        return mod
+        return schedule_unscheduled(
+            mod, lambda func: default_schedule(tvm.IRModule({"main": func}), target),
+            marks=(DEFAULT_SCHEDULE_ATTR,))
 
     return _schedule

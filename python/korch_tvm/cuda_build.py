@@ -143,25 +143,13 @@ def _dlight_schedule(func, target):
     return None
 
 
-def _is_scheduled(func) -> bool:
-    return func.attrs is not None and bool(func.attrs.get("tirx.is_scheduled", False))
-
-
 def default_schedule_pass(target) -> tvm.transform.Pass:
     """Schedule every PrimFunc not yet scheduled: dlight first, thread binding as the last resort."""
+    from .kernels import schedule_unscheduled
 
     @tvm.transform.module_pass(opt_level=0, name="KorchDlightSchedule")
     def _dlight(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
-        updated = {}
-        for global_var, func in mod.functions_items():
-            if isinstance(func, tvm.tirx.PrimFunc) and not _is_scheduled(func):
-                schedule = _dlight_schedule(func, target)
-                if schedule is not None:
-                    updated[global_var] = schedule.mod["main"].with_attr("tirx.is_scheduled",
-                                                                         True)
-        for global_var, func in updated.items():
-            mod[global_var] = func
-        return mod
+        return schedule_unscheduled(mod, lambda func: _dlight_schedule(func, target))
 
     return tvm.transform.Sequential([_dlight, tvm.s_tir.transform.DefaultGPUSchedule()],
                                     name="KorchDefaultGPUSchedule")

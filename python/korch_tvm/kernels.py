@@ -48,6 +48,30 @@ def canonical_prim_func(func: tvm.tirx.PrimFunc) -> tvm.tirx.PrimFunc:
     return func.with_attr("tirx.noalias", True)
 
 
+def is_scheduled(func: tvm.tirx.PrimFunc) -> bool:
+    """Whether a PrimFunc carries a schedule (from a tuning record or a default rule)."""
+    return func.attrs is not None and bool(func.attrs.get("tirx.is_scheduled", False))
+
+
+def schedule_unscheduled(mod: tvm.IRModule, schedule_of, marks: Sequence[str] = ()
+                         ) -> tvm.IRModule:
+    """`mod` with every unscheduled PrimFunc replaced by `schedule_of(func)` (an s_tir Schedule
+    of `{"main": func}`, or None to leave the function as it is), marked as scheduled and with
+    each attribute of `marks` set: the one loop of the CPU and the GPU default schedules."""
+    updated = {}
+    for global_var, func in mod.functions_items():
+        if isinstance(func, tvm.tirx.PrimFunc) and not is_scheduled(func):
+            schedule = schedule_of(func)
+            if schedule is not None:
+                scheduled = schedule.mod["main"]
+                for attr in ("tirx.is_scheduled", *marks):
+                    scheduled = scheduled.with_attr(attr, True)
+                updated[global_var] = scheduled
+    for global_var, func in updated.items():
+        mod[global_var] = func
+    return mod
+
+
 def kernel_module(func: tvm.tirx.PrimFunc) -> tvm.IRModule:
     """The standalone module of a kernel, as MetaSchedule normalises it (tune and look up this)."""
     return tvm.IRModule({"main": canonical_prim_func(func).with_attr("global_symbol", "main")})

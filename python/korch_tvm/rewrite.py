@@ -16,7 +16,7 @@ from tvm import relax
 
 from . import cpu_schedule
 from .cuda_build import is_cuda
-from .kernels import canonical_prim_func
+from .kernels import canonical_prim_func, is_scheduled
 from .layout import mark_layout_free_weights, pack_constant_weights
 
 
@@ -53,7 +53,6 @@ def scheduled_kernel_count(mod: tvm.IRModule) -> tuple[int, int]:
     """(PrimFuncs carrying a schedule from the log, all PrimFuncs): how much of the model is
     tuned (the CPU default schedule does not count)."""
     funcs = [f for _, f in mod.functions_items() if isinstance(f, tvm.tirx.PrimFunc)]
-    tuned = sum(bool(f.attrs is not None and f.attrs.get("tirx.is_scheduled", False)
-                     and not f.attrs.get(cpu_schedule.DEFAULT_SCHEDULE_ATTR, False))
+    tuned = sum(is_scheduled(f) and not f.attrs.get(cpu_schedule.DEFAULT_SCHEDULE_ATTR, False)
                 for f in funcs)
     return tuned, len(funcs)
