@@ -4,11 +4,13 @@ loops, a trace that replays, and the build and the profiler using it for untuned
 import numpy as np
 import pytest
 import tvm
+from tvm import te, topi
+from tvm.s_tir.dlight.analysis import normalize_prim_func
 from tvm.script import tirx as T
 
 from conftest import make_tiny_onnx
 from test_layout import conv_block_onnx
-from korch_tvm.cpu_schedule import DEFAULT_SCHEDULE_ATTR, default_schedule
+from korch_tvm.cpu_schedule import DEFAULT_SCHEDULE_ATTR, _row_loop, default_schedule
 from korch_tvm.frontend import import_onnx
 from korch_tvm.kernels import canonical_prim_func, kernel_module
 from korch_tvm.profiler import measure_kernels
@@ -66,6 +68,50 @@ def test_matmul_and_conv_accumulate_a_vector_of_outputs(kernels):
                                                                .mod["main"])]
     assert any("matmul" in name for name in vectorized)
     assert sum("conv2d" in name for name in vectorized) == 3
+
+
+def test_linear_kernels_accumulate_a_register_tile_stored_once_with_their_epilogue(kernels):
+    """Matmul and convolutions keep a tile of (up to TILE_ROWS) x one vector of outputs in a local
+    buffer; their bias add (and ReLU) is applied as the tile is stored, so no intermediate
+    tensor of the whole output is left."""
+    linear = {name: mod for name, mod in kernels.items() if "matmul" in name or "conv2d" in name}
+    assert len(linear) == 4
+    for name, mod in linear.items():
+        text = default_schedule(mod, TARGET).mod["main"].script()
+        assert 'scope="local"' in text and "T.unroll(" in text, name
+        assert text.count("T.sblock_alloc_buffer(") == 1, name  # the accumulators only
+
+
+def _te_kernel(*tensors) -> tvm.IRModule:
+    return tvm.IRModule({"main": te.create_prim_func(list(tensors)).with_attr("global_symbol",
+                                                                              "main")})
+
+
+@pytest.mark.parametrize("form, reused", [("matmul", "i"), ("nchw", "co"), ("nhwc", "w")])
+def test_register_tile_rows_run_along_what_the_vector_loads_do_not_depend_on(form, reused):
+    """The rows share each loaded vector: a matmul's rows (B is loaded along j), an NCHW
+    convolution's output channels (the input is loaded along w), an NHWC one's output pixels
+    (the weight is loaded along output channels)."""
+    if form == "matmul":
+        a, b = te.placeholder((32, 48), name="a"), te.placeholder((48, 64), name="b")
+        k = te.reduce_axis((0, 48), "k")
+        out = te.compute((32, 64), lambda i, j: te.sum(a[i, k] * b[k, j], axis=k), name="out")
+        mod, spatial = _te_kernel(a, b, out), ["i", "j"]
+    elif form == "nchw":
+        x, w = te.placeholder((1, 8, 16, 16), name="x"), te.placeholder((16, 8, 3, 3), name="w")
+        out = topi.nn.conv2d_nchw(x, w, 1, 1, 1)
+        mod, spatial = _te_kernel(x, w, out), ["co", "h", "w"]
+    else:
+        x, w = te.placeholder((1, 16, 16, 8), name="x"), te.placeholder((3, 3, 8, 16), name="w")
+        out = topi.nn.conv2d_nhwc(x, w, 1, 1, 1)
+        mod, spatial = _te_kernel(x, w, out), ["h", "w", "co"]
+    schedule = tvm.s_tir.Schedule(mod)
+    normalize_prim_func(schedule)
+    schedule.compute_inline(schedule.get_sblock("pad_temp")) if form != "matmul" else None
+    block = next(b for b in normalize_prim_func(schedule) if any(i.kind == "R" for i in b.iters))
+    assert spatial[_row_loop(schedule, block)] == reused
+    np.testing.assert_allclose(run_kernel(default_schedule(mod, TARGET).mod), run_kernel(mod),
+                               rtol=1e-5, atol=1e-5)
 
 
 def test_trace_replays_to_the_same_kernel(kernels):
