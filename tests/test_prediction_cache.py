@@ -87,3 +87,27 @@ def test_a_warm_plan_extracts_no_features_and_plans_the_same(tmp_path, monkeypat
     assert extracted == []
     assert second.chosen_groups == first.chosen_groups
     assert second.modelled_ms == pytest.approx(first.modelled_ms)
+
+
+def test_kernels_a_time_budget_leaves_unmeasured_reuse_the_plans_predictions(tmp_path,
+                                                                              monkeypatch):
+    """With no time to measure, the profiler's fallback is the prediction the plan already made:
+    each distinct kernel's features are extracted once, and its cost is that prediction."""
+    tag = target_tag(parse_target("llvm"))
+    shipped_model = REPO / "tuning_logs" / tag / cost_model.MODEL_FILE
+    if not shipped_model.exists():
+        pytest.skip("the shipped cost model is for another CPU")
+    (tmp_path / tag).mkdir()
+    for suffix in ("", ".meta.json"):
+        shutil.copy(str(shipped_model) + suffix, tmp_path / tag / (cost_model.MODEL_FILE + suffix))
+    extracted = []
+    original = cost_model.kernel_features
+    monkeypatch.setattr(cost_model, "kernel_features",
+                        lambda *args, **kwargs: extracted.append(1) or original(*args, **kwargs))
+    mod = import_onnx(make_tiny_onnx(rows=32, cols=64))
+    plan = plan_korch(mod, KorchConfig(tuning_logs=str(tmp_path), trials=0, time_budget=0.0))
+    assert len(extracted) == len(plan.kernel_modules) > 0
+    cached = json.loads((tmp_path / tag / CACHE_FILE).read_text())
+    predicted = {key: cost for key, cost in plan.costs.items() if cost.source == "predicted"}
+    assert predicted and all(
+        cost.seconds == pytest.approx(cached["seconds"][key]) for key, cost in predicted.items())

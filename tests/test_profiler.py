@@ -2,6 +2,7 @@
 
 import logging
 import math
+import os
 import time
 
 import pytest
@@ -10,7 +11,9 @@ import tvm_ffi
 from tvm import relax
 from tvm.s_tir import meta_schedule as ms
 from tvm.script import tirx as T
+from tvm.support.popen_pool import PopenWorker
 
+from korch_tvm.pooled_builder import PooledBuilder
 from korch_tvm.profiler import (FAILED_ATTEMPTS_KEPT, KernelCost, profile_kernels, rpc_runner,
                                  tune_kernels)
 from korch_tvm.target import parse_target
@@ -211,3 +214,23 @@ def test_a_kernel_whose_search_runs_out_is_not_searched_again(tmp_path):
     again = TuningLog(tmp_path, TARGET)
     assert tune_kernels({"add": kernel}, {"add": 32}, TARGET, again, progress=False) == {}
     assert again.record_count(kernel) == records
+
+
+def test_pooled_builder_keeps_its_workers_between_builds(monkeypatch):
+    """Costing builds in many small calls; the workers start once, not once per call."""
+    started = []
+    original = PopenWorker._start
+    monkeypatch.setattr(PopenWorker, "_start", lambda self: started.append(1) or original(self))
+    inputs = [ms.builder.BuilderInput(mod, TARGET) for mod in legalized_kernels().values()]
+    with PooledBuilder(TARGET, max_workers=2) as builder:
+        for _ in range(3):
+            results = builder.build(inputs)
+            assert [r.error_msg for r in results] == [None, None]
+            assert all(os.path.exists(r.artifact_path) for r in results)
+    assert 1 <= len(started) <= 2
+
+
+def test_pooled_builder_reports_a_build_past_its_time_out():
+    with PooledBuilder(TARGET, max_workers=1, timeout_sec=1e-3) as builder:
+        (result,) = builder.build([ms.builder.BuilderInput(legalized_kernels()["matmul"], TARGET)])
+    assert result.artifact_path is None and "timed out" in result.error_msg

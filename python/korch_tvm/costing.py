@@ -72,11 +72,12 @@ def shared_runner(config: KorchConfig):
 
 
 def measure_costs(kernels: Mapping[str, tvm.IRModule], config: KorchConfig,
-                  tuning_log: TuningLog, predictor=None, runner=None) -> dict[str, KernelCost]:
+                  tuning_log: TuningLog, predictor=None, runner=None,
+                  builder=None) -> dict[str, KernelCost]:
     """Every kernel's best known cost: from the log, one default measurement, or a prediction."""
     return measure_kernels(kernels, config.target, tuning_log, time_budget=config.time_budget,
-                           runner=runner or configured_runner(config), predictor=predictor,
-                           progress=config.progress)
+                           runner=runner or configured_runner(config), builder=builder,
+                           predictor=predictor, progress=config.progress)
 
 
 def default_schedule_costs(kernels: Mapping[str, tvm.IRModule], costs: Mapping[str, KernelCost],

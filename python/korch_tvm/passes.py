@@ -12,6 +12,7 @@ import logging
 import math
 import time
 from collections import Counter
+from contextlib import contextmanager, nullcontext
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 
@@ -19,7 +20,7 @@ import tvm
 
 from .candidates import enumerate_candidates
 from .config import KorchConfig
-from .cost_model import default_predictor, predict_kernels
+from .cost_model import predict_kernels
 from .costing import (default_schedule_costs, measure_costs, merge_summaries, open_tuning_log,
                       shared_runner, summarize, tune_costs)
 from .data_layout import in_best_layout
@@ -27,16 +28,17 @@ from .fission import lower_to_primitives, lowering_stats
 from .gpu_rules import rules_for_target
 from .in_model import load_in_model_times, scaled_costs
 from .kernel_kinds import kernel_kind, module_kernel_kinds, plan_kind_times
-from .kernels import distinct_kernels
+from .kernels import distinct_kernels, structural_key
 from .lazy_costing import solve_lazily
 from .orchestration import solve_orchestration
 from .partition import partition_graph
 from .planning import orchestration_problems, plan_groups, plan_report, prune_by_prediction
+from .pooled_builder import PooledBuilder
 from .primitive_graph import PrimitiveGraph
 from .primitive_kinds import LINEAR
 from .profiler import KernelCost
 from .rewrite import rewrite_with_plan, scheduled_kernel_count
-from .target import parse_target
+from .target import host_core_count, parse_target
 
 logger = logging.getLogger("korch_tvm.passes")
 
@@ -157,7 +159,6 @@ def _plan_in_layout(source: tvm.IRModule, mod: tvm.IRModule, layout: str, config
     clock.lap("candidates")
 
     tuning_log = open_tuning_log(config)
-    predict = default_predictor(tuning_log, target)
     predicted = predict_kernels(tuning_log, target, kernels.modules)
     kept = prune_by_prediction(candidates, kernels.keys, predicted, config.prune_margin)
     kept_kernels = {kernels.keys[i]: kernels.modules[kernels.keys[i]] for i in kept
@@ -192,11 +193,12 @@ def _plan_in_layout(source: tvm.IRModule, mod: tvm.IRModule, layout: str, config
 
     stock_keys = {kernels.keys[i] for i in kept
                   if candidates[i].is_stock and kernels.keys[i] is not None}
-    measure = measure_with or _profiler_measurement(config, tuning_log, predict)
-    costs, first_choice = _cost_what_plans_need(kept_kernels, predicted, stock_keys,
-                                                _work_anchors(graph, candidates, kept,
-                                                              kernels.keys),
-                                                solve, kernels.keys, config, tuning_log, measure)
+    with (nullcontext(measure_with) if measure_with
+          else _profiler_measurement(config, tuning_log, predicted)) as measure:
+        costs, first_choice = _cost_what_plans_need(
+            kept_kernels, predicted, stock_keys,
+            _work_anchors(graph, candidates, kept, kernels.keys), solve, kernels.keys, config,
+            tuning_log, measure)
     clock.lap("measurement")
     if config.tunes:
         # Tune where the time goes: the kernels of the plan chosen from default-schedule costs,
@@ -241,17 +243,28 @@ def _work_anchors(graph, candidates, kept, key_of_candidate) -> dict[str, set]:
     return anchors
 
 
-def _profiler_measurement(config, tuning_log, predict):
-    """measure({key: module}) -> costs: log, else one default-schedule run, else prediction."""
+@contextmanager
+def _profiler_measurement(config, tuning_log, predicted: Mapping[str, float]):
+    """measure({key: module}) -> costs: log, else one default-schedule run, else the prediction
+    already made for it (`predicted`, by kernel key: no feature extraction again). One runner
+    and one builder pool serve every round (lazy costing measures in many small calls)."""
+    def predict(module):
+        return predicted[structural_key(module)]
+
     deadline = None if config.time_budget is None else time.perf_counter() + config.time_budget
-    runner = shared_runner(config)  # one worker pool for every round
+    runner = shared_runner(config)
+    builder = None if runner is None else PooledBuilder(config.target, host_core_count())
 
     def measure(modules):  # every round draws on what is left of the one time budget
         left = None if deadline is None else max(0.0, deadline - time.perf_counter())
         return measure_costs(modules, config.with_changes(time_budget=left), tuning_log,
-                             predictor=predict, runner=runner)
+                             predictor=predict, runner=runner, builder=builder)
 
-    return measure
+    try:
+        yield measure
+    finally:
+        if builder is not None:
+            builder.close()
 
 
 def _cost_what_plans_need(kept_kernels, predicted, stock_keys, anchors, solve, key_of_candidate,

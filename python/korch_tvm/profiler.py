@@ -43,6 +43,7 @@ from .metaschedule_setup import (
 )
 from .cpu_schedule import default_schedule as cpu_default_schedule
 from .cuda_build import device_present, no_device_reason
+from .pooled_builder import PooledBuilder
 from .target import host_core_count, parse_target
 from .tuning_log import TuningLog
 
@@ -360,10 +361,10 @@ def measure_kernels(
                        len(pending))
     elif pending and time.perf_counter() < deadline:  # worker pools take seconds to start
         runner = runner or local_runner(target)
-        builder = builder or local_builder(target, max_workers=max(1, host_core_count()))
-        with metaschedule_logs_routed(), _ctrl_c_kept():
-            costs.update(_measure_defaults(pending, kernels, target, tuning_log, builder, runner,
-                                           deadline, bar))
+        with _builder_for(target, builder) as measuring, metaschedule_logs_routed(), \
+                _ctrl_c_kept():
+            costs.update(_measure_defaults(pending, kernels, target, tuning_log, measuring,
+                                           runner, deadline, bar))
     leftovers = [name for name in pending if name not in costs]
     if leftovers:
         predict = predictor or _default_predictor(tuning_log, target)
@@ -372,6 +373,16 @@ def measure_kernels(
         bar.update(done=len(leftovers), stage="predict")
     bar.close()
     return {name: costs[rep] for rep, names in distinct.items() for name in names}
+
+
+@contextmanager
+def _builder_for(target, builder=None):
+    """`builder`, or a PooledBuilder for this call that is closed after it."""
+    if builder is not None:
+        yield builder
+        return
+    with PooledBuilder(target, max_workers=host_core_count()) as pooled:
+        yield pooled
 
 
 def _retry_failure(tuning_log: TuningLog, name: str, kernel_mod: tvm.IRModule,
