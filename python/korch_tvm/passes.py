@@ -12,8 +12,8 @@ import logging
 import math
 import time
 from collections import Counter
-from contextlib import contextmanager, nullcontext
 from collections.abc import Callable, Mapping
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field, replace
 
 import tvm
