@@ -64,9 +64,10 @@ def test_an_unreadable_cache_is_warned_about_and_rebuilt(tmp_path, caplog, conte
     assert json.loads((tmp_path / CACHE_FILE).read_text())["seconds"]["k1"] == 1e-3
 
 
-def test_a_warm_plan_extracts_no_features_and_plans_the_same(tmp_path, monkeypatch):
-    """With the shipped cost model: the first plan predicts every distinct kernel, the second
-    reads them all from the cache and comes to the same plan."""
+@pytest.fixture
+def counted_features(tmp_path, monkeypatch) -> list:
+    """A log directory (tmp_path) holding the shipped cost model; returns the list that gets an
+    entry for every kernel whose features are extracted."""
     tag = target_tag(parse_target("llvm"))
     shipped_model = REPO / "tuning_logs" / tag / cost_model.MODEL_FILE
     if not shipped_model.exists():
@@ -78,35 +79,31 @@ def test_a_warm_plan_extracts_no_features_and_plans_the_same(tmp_path, monkeypat
     original = cost_model.kernel_features
     monkeypatch.setattr(cost_model, "kernel_features",
                         lambda *args, **kwargs: extracted.append(1) or original(*args, **kwargs))
+    return extracted
+
+
+def test_a_warm_plan_extracts_no_features_and_plans_the_same(tmp_path, counted_features):
+    """With the shipped cost model: the first plan predicts every distinct kernel, the second
+    reads them all from the cache and comes to the same plan."""
     mod = import_onnx(make_tiny_onnx(rows=32, cols=64))
     config = KorchConfig(tuning_logs=str(tmp_path), trials=0)
     first = plan_korch(mod, config, predict_only=True)
-    assert len(extracted) == len(first.kernel_modules) > 0
-    extracted.clear()
+    assert len(counted_features) == len(first.kernel_modules) > 0
+    counted_features.clear()
     second = plan_korch(mod, config, predict_only=True)
-    assert extracted == []
+    assert counted_features == []
     assert second.chosen_groups == first.chosen_groups
     assert second.modelled_ms == pytest.approx(first.modelled_ms)
 
 
 def test_kernels_a_time_budget_leaves_unmeasured_reuse_the_plans_predictions(tmp_path,
-                                                                              monkeypatch):
+                                                                              counted_features):
     """With no time to measure, the profiler's fallback is the prediction the plan already made:
     each distinct kernel's features are extracted once, and its cost is that prediction."""
-    tag = target_tag(parse_target("llvm"))
-    shipped_model = REPO / "tuning_logs" / tag / cost_model.MODEL_FILE
-    if not shipped_model.exists():
-        pytest.skip("the shipped cost model is for another CPU")
-    (tmp_path / tag).mkdir()
-    for suffix in ("", ".meta.json"):
-        shutil.copy(str(shipped_model) + suffix, tmp_path / tag / (cost_model.MODEL_FILE + suffix))
-    extracted = []
-    original = cost_model.kernel_features
-    monkeypatch.setattr(cost_model, "kernel_features",
-                        lambda *args, **kwargs: extracted.append(1) or original(*args, **kwargs))
     mod = import_onnx(make_tiny_onnx(rows=32, cols=64))
     plan = plan_korch(mod, KorchConfig(tuning_logs=str(tmp_path), trials=0, time_budget=0.0))
-    assert len(extracted) == len(plan.kernel_modules) > 0
+    assert len(counted_features) == len(plan.kernel_modules) > 0
+    tag = target_tag(parse_target("llvm"))
     cached = json.loads((tmp_path / tag / CACHE_FILE).read_text())
     predicted = {key: cost for key, cost in plan.costs.items() if cost.source == "predicted"}
     assert predicted and all(
