@@ -111,7 +111,8 @@ def test_recorded_ratios_steer_the_next_plan(tmp_path):
     data = np.random.default_rng(0).standard_normal((1, 16, 14, 14)).astype("float32")
     rows = kernel_rows(report, tvm_kernel_times(vm, [tvm.runtime.tensor(data, tvm.cpu(0))],
                                                 runs=3))
-    assert len(rows) == len(report["plan"]["kernels"])
+    # one row per distinct kernel: a plan may use the same kernel twice (timing decides)
+    assert len(rows) == len({kernel["key"] for kernel in report["plan"]["kernels"]} - {None})
     assert all(r["in_model_ms"] > 0 and r["isolated_ms"] > 0 for r in rows)
 
     _, stock = compile_model(conv_block_onnx(), korch=False, tuning_logs=logs, verify=False,
