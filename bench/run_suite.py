@@ -10,7 +10,9 @@
 Each model runs in its own `korch-tvm bench` process (stock and Korch compiled cold then warm
 with the same trial budget into the same tuning-log directory, then timed interleaved with ONNX
 Runtime); its full result goes to `bench/results/<target>/<model>.json` and its log beside it;
-the full compile reports and libraries are kept in `<tuning-logs>/reports/`.
+the full compile reports and libraries are kept in `<tuning-logs>/reports/`. After the last
+model, every model that ran is timed again, together, from those libraries (the machine's speed
+drifts over the run; `--no-final-retime` skips it); each first timing stays in its JSON.
 The aggregate is `bench/results/<target>.json` and `bench/results/<target>.md`.
 
 The machine's bandwidth and matmul peak come from `bench/floor.py` (run first when
@@ -76,6 +78,8 @@ def main(argv=None) -> int:
     parser.add_argument("--retime", action="store_true",
                         help="time every model of an earlier run again, from the libraries it "
                              "kept (no compiles; earlier timings stay in each JSON)")
+    parser.add_argument("--no-final-retime", dest="final_retime", action="store_false",
+                        help="do not time every model again, together, after the last compile")
     parser.add_argument("--prune-study", default=None, metavar="MODELS",
                         help="only run the pruned-vs-unpruned study on these models")
     parser.add_argument("--cost-model", metavar="DIR", default=None,
@@ -104,17 +108,29 @@ def main(argv=None) -> int:
         wanted = (set(args.models.split(",")) if args.models
                   else {m[0] for m in SUITE} - OPT_IN)
         wanted -= set(filter(None, args.skip.split(",")))
-        for name, path, trials, budget in SUITE:
-            if name in wanted:
-                run_model(name, path, args.trials or trials, budget, args, per_model_dir,
-                          machine_path)
+        ran = [(name, path) for name, path, trials, budget in SUITE if name in wanted
+               and run_model(name, path, args.trials or trials, budget, args, per_model_dir,
+                             machine_path)]
+        if args.final_retime and len(ran) > 1:
+            # Each model is timed right after its own compiles, so the rows' timings spread over
+            # the whole run, and this machine's speed drifts within an hour (Candy's Korch/stock
+            # went 0.87x -> 1.07x between two timings of the same libraries). Timing them all
+            # again together puts every row in one period; the first timing stays listed.
+            print(f"[suite] timing the {len(ran)} models again, together", flush=True)
+            for name, path in ran:
+                try:
+                    retime_model(name, path, args, per_model_dir, machine_path)
+                except subprocess.CalledProcessError:
+                    print(f"[suite] retime {name} FAILED; its first timing stands (see "
+                          f"{os.path.join(per_model_dir, name + '.retime.log')})", flush=True)
     skipped = dict(item.split("=", 1) for item in args.skipped_reason)
     aggregate(per_model_dir, os.path.join(args.out, args.target), skipped,
               bench._load_json(machine_path) if os.path.exists(machine_path) else None)
     return 0
 
 
-def run_model(name, path, trials, budget, args, per_model_dir, machine_path) -> None:
+def run_model(name, path, trials, budget, args, per_model_dir, machine_path) -> bool:
+    """Bench one model into `per_model_dir`; whether it succeeded."""
     out_json = os.path.join(per_model_dir, f"{name}.json")
     log_path = os.path.join(per_model_dir, f"{name}.log")
     command = [os.path.join(os.path.dirname(sys.executable), "korch-tvm"), "bench",
@@ -135,7 +151,7 @@ def run_model(name, path, trials, budget, args, per_model_dir, machine_path) -> 
         print(f"[suite] {name} FAILED (exit {process.returncode}); see {log_path}", flush=True)
         with open(out_json + ".failed", "w", encoding="utf-8") as handle:
             json.dump({"model": name, "exit": process.returncode, "seconds": seconds}, handle)
-        return
+        return False
     if os.path.exists(out_json + ".failed"):
         os.remove(out_json + ".failed")  # an earlier failure of this model, now superseded
     with open(out_json, encoding="utf-8") as handle:
@@ -145,6 +161,7 @@ def run_model(name, path, trials, budget, args, per_model_dir, machine_path) -> 
                                  for c in command)
     bench.write_json(out_json, result)
     print(f"[suite] {name} done in {seconds:.0f} s", flush=True)
+    return True
 
 
 def retime_model(name, path, args, per_model_dir, machine_path) -> None:
