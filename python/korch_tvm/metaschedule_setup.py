@@ -44,14 +44,20 @@ CPU_BUILDER_TIMEOUT = 60.0
 CUDA_BUILDER_TIMEOUT = 180.0
 
 
+def builder_worker_settings(target, timeout_sec: float | None = None):
+    """(worker initializer, build time-out in seconds) of a builder for `target`: CPU workers
+    skip the GPU tensor intrinsics; CUDA builds get the longer time-out."""
+    is_cpu = target.kind.name == "llvm"
+    if timeout_sec is None:
+        timeout_sec = CPU_BUILDER_TIMEOUT if is_cpu else CUDA_BUILDER_TIMEOUT
+    return (skip_gpu_tensor_intrin if is_cpu else None), timeout_sec
+
+
 def local_builder(target, max_workers: int | None = None, timeout_sec: float | None = None):
     """A LocalBuilder whose workers start quickly (see `skip_gpu_tensor_intrin`)."""
     from tvm.s_tir import meta_schedule as ms
 
-    is_cpu = target.kind.name == "llvm"
-    initializer = skip_gpu_tensor_intrin if is_cpu else None
-    if timeout_sec is None:
-        timeout_sec = CPU_BUILDER_TIMEOUT if is_cpu else CUDA_BUILDER_TIMEOUT
+    initializer, timeout_sec = builder_worker_settings(target, timeout_sec)
     return ms.builder.LocalBuilder(
         max_workers=max_workers, timeout_sec=timeout_sec, initializer=initializer
     )

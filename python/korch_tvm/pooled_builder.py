@@ -34,16 +34,11 @@ class PooledBuilder:
     def __init__(self, target, max_workers: int, timeout_sec: float | None = None):
         from tvm.support.popen_pool import PopenPoolExecutor
 
-        from .metaschedule_setup import (CPU_BUILDER_TIMEOUT, CUDA_BUILDER_TIMEOUT,
-                                         skip_gpu_tensor_intrin)
+        from .metaschedule_setup import builder_worker_settings
 
-        is_cpu = target.kind.name == "llvm"
-        if timeout_sec is None:
-            timeout_sec = CPU_BUILDER_TIMEOUT if is_cpu else CUDA_BUILDER_TIMEOUT
-        self.timeout_sec = timeout_sec
+        initializer, self.timeout_sec = builder_worker_settings(target, timeout_sec)
         self._pool = PopenPoolExecutor(
-            max_workers=max(1, max_workers), timeout=timeout_sec,
-            initializer=skip_gpu_tensor_intrin if is_cpu else None,
+            max_workers=max(1, max_workers), timeout=self.timeout_sec, initializer=initializer,
             maximum_process_uses=BUILDS_PER_WORKER)
 
     def build(self, inputs: Sequence) -> list:
