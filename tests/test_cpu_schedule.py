@@ -10,7 +10,7 @@ from tvm.script import tirx as T
 
 from conftest import make_tiny_onnx
 from test_layout import conv_block_onnx
-from korch_tvm.cpu_schedule import DEFAULT_SCHEDULE_ATTR, _row_loop, default_schedule
+from korch_tvm.cpu_schedule import DEFAULT_SCHEDULE_ATTR, _row_loop, _tile_rows, default_schedule
 from korch_tvm.frontend import import_onnx
 from korch_tvm.kernels import canonical_prim_func, kernel_module
 from korch_tvm.profiler import measure_kernels
@@ -112,6 +112,22 @@ def test_register_tile_rows_run_along_what_the_vector_loads_do_not_depend_on(for
     assert spatial[_row_loop(schedule, block)] == reused
     np.testing.assert_allclose(run_kernel(default_schedule(mod, TARGET).mod), run_kernel(mod),
                                rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("extent, rows", [(104, 8), (52, 4), (24, 8), (26, 13), (13, 13),
+                                          (28, 7), (17, 1), (1, 1)])
+def test_tile_rows_divide_the_extent_and_reach_past_eight_only_when_little_divides(extent, rows):
+    assert _tile_rows(extent) == rows
+
+
+def test_a_13x13_map_gets_13_tile_rows():
+    """YOLOX-nano's 13x13 1x1 convolutions: no divisor from 4 to 8, so one row per pixel of a
+    map row (not an untiled kernel); same numbers."""
+    x, w = te.placeholder((1, 13, 13, 32), name="x"), te.placeholder((1, 1, 32, 16), name="w")
+    mod = _te_kernel(x, w, topi.nn.conv2d_nhwc(x, w, 1, 0, 1))
+    scheduled = default_schedule(mod, TARGET).mod
+    assert "T.unroll(13)" in scheduled["main"].script()
+    np.testing.assert_allclose(run_kernel(scheduled), run_kernel(mod), rtol=1e-5, atol=1e-5)
 
 
 def test_trace_replays_to_the_same_kernel(kernels):

@@ -47,6 +47,12 @@ ITERATIONS_PER_CORE = 16
 # 128 x 768 x 3072 matmul, which streams its weight once per tile of rows); Candy's NCHW 3x3
 # convolution alone preferred 2 x 4 (21 vs 32 ms; untiled 34).
 TILE_ROWS = 8
+# When the rows' extent has no divisor from 4 to TILE_ROWS (13, 26: YOLOX-nano's 13x13 and
+# 26x26 maps), up to this many: 13 rows ran a 1x1 conv 256->64 at 13x13 in 0.027 ms instead of
+# 0.145 (floor 0.025), 26x26 128->64 0.055 instead of 0.113, and a 3x3 256->256 at 13x13 in 2.1
+# instead of 4.4 ms; a 3x3 at 26x26 lost 22 % (2 rows 1.74, 13 rows 2.13 ms), and where 4 or 8
+# rows divide, 13 lost up to 2.4x on 3x3 convolutions (their windowed loads need more registers).
+MAX_TILE_ROWS = 14
 DEFAULT_SCHEDULE_ATTR = "korch.default_schedule"  # marks a PrimFunc scheduled by this rule
 
 
@@ -152,7 +158,7 @@ def _register_tile(schedule, block, spatial: list) -> tuple[list, list]:
     multiply-adds (a matmul's rows, a convolution's output pixels in NHWC or its output
     channels in NCHW) and a large operand streams through the cache TILE_ROWS times less."""
     row = _row_loop(schedule, block)
-    rows = 1 if row is None else _largest_divisor(_extent(schedule, spatial[row]), TILE_ROWS)
+    rows = 1 if row is None else _tile_rows(_extent(schedule, spatial[row]))
     if rows == 1:
         return spatial, []
     spatial = list(spatial)
@@ -202,6 +208,13 @@ def _extent(schedule, loop) -> int | None:
 def _largest_divisor(extent: int | None, at_most: int) -> int:
     return 1 if not extent else next(d for d in range(min(extent, at_most), 0, -1)
                                      if extent % d == 0)
+
+
+def _tile_rows(extent: int | None) -> int:
+    """Rows of a register tile: a divisor of `extent` (no remainder loop), TILE_ROWS at most
+    unless only 1-3 would divide, then up to MAX_TILE_ROWS."""
+    rows = _largest_divisor(extent, TILE_ROWS)
+    return rows if rows >= 4 else _largest_divisor(extent, MAX_TILE_ROWS)
 
 
 def _vector_width(extent: int | None) -> int | None:
