@@ -234,3 +234,21 @@ def test_pooled_builder_reports_a_build_past_its_time_out():
     with PooledBuilder(TARGET, max_workers=1, timeout_sec=1e-3) as builder:
         (result,) = builder.build([ms.builder.BuilderInput(legalized_kernels()["matmul"], TARGET)])
     assert result.artifact_path is None and "timed out" in result.error_msg
+
+
+def test_trials_of_kernels_the_log_covers_go_to_the_others():
+    """The other path tuned `conv` already: its 36 trials go, by share, to the kernels that
+    still need tuning; a kernel whose share earned nothing earns nothing; once all are tuned
+    the same budget allocates nothing new (each holds at least half its allocation)."""
+    from korch_tvm.profiler import allocate_new_trials, allocate_trials
+
+    shares = {"conv": 6.0, "matmul": 3.0, "add": 0.5, "relu": 0.5, "tiny": 0.01}
+    first = allocate_trials(shares, 56)
+    assert first == {"conv": 32, "matmul": 16, "add": 4, "relu": 4, "tiny": 0}
+    moved = allocate_new_trials(shares, 56, {"conv": 40})
+    assert moved == {"conv": 32, "matmul": 16 + 24, "add": 4 + 4, "relu": 4 + 4, "tiny": 0}
+    assert sum(moved.values()) - moved["conv"] <= 56
+    assert allocate_new_trials(shares, 56, {}) == first
+    # a second compile after tuning each kernel to `moved`: every kernel covered, nothing moves
+    assert allocate_new_trials(shares, 56, moved) == first
+    assert all(moved[name] * 2 >= trials for name, trials in first.items())
