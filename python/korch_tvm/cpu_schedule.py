@@ -11,13 +11,14 @@ activation: each intermediate that is not a reduction) and gives every block lef
   largest divisor of its extent up to 16 (one AVX-512 register of float32) and moved innermost,
   vectorized: a matmul or convolution then accumulates a vector of neighbouring outputs per
   reduction step (the i-k-j order), an elementwise block reads and writes whole vectors;
-* for a vectorized reduction, a register tile: `TILE_ROWS` steps of a spatial loop that the
+* for a vectorized reduction, a register tile: `TILE_ROWS` steps (a divisor of the loop; up to
+  `MAX_TILE_ROWS` where only 1-3 divide it) of a spatial loop that the
   vector loads do not depend on are moved inside the reduction, unrolled, so each loaded vector
   feeds that many multiply-adds into accumulators held in registers (a local buffer), which
   are stored once per tile with the block's elementwise consumers (bias, activation) applied.
   Against the same rule without tiles (bench/default_schedule.py): large matmuls and 1x1
-  convolutions 4-9x faster, a small 1x1 1.9x, an NHWC 3x3 3.3x, a strided 7x7 1.9x, a
-  depthwise 1.5x; Candy's NCHW 3x3 runs 8 % slower (29 vs 32 ms);
+  convolutions 4-9x faster, a small 1x1 1.9-2.2x, a 13x13 1x1 (13 rows) 3.0x, an NHWC 3x3
+  3.3x, a strided 7x7 1.9x, a depthwise 1.2-1.5x; Candy's NCHW 3x3 runs 8 % slower (29 vs 32 ms);
 * its leading spatial loops fused and run in parallel, as many as give each core at least
   `ITERATIONS_PER_CORE` iterations to balance;
 * for vectorized reductions, the initialisation split off into its own loop nest, so the
