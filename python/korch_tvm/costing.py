@@ -17,8 +17,8 @@ import tvm
 from .config import KorchConfig
 from .kernels import structural_key
 from .cuda_build import device_present
-from .profiler import (KernelCost, allocate_new_trials, local_runner, measure_kernels,
-                       profile_kernels, rpc_runner, spent_trials, tune_kernels)
+from .profiler import (KernelCost, local_runner, measure_kernels, profile_kernels, rpc_runner,
+                       trial_allocation, tune_kernels)
 from .target import parse_target
 from .tuning_log import TuningLog
 
@@ -99,8 +99,7 @@ def tune_costs(kernels: Mapping[str, tvm.IRModule], shares: Mapping[str, float],
                tuning_log: TuningLog) -> dict[str, KernelCost]:
     """Spend the trial budget on `kernels` by their latency `shares`; return the updated costs."""
     tunable = sum(1 for share in shares.values() if math.isfinite(share) and share > 0)
-    allocation = allocate_new_trials(shares, config.trial_budget(tunable),
-                                     spent_trials(kernels, shares, tuning_log))
+    allocation = trial_allocation(kernels, shares, config.trial_budget(tunable), tuning_log)
     tuned = tune_kernels(kernels, allocation, config.target, tuning_log,
                          time_budget=config.time_budget, runner=configured_runner(config),
                          progress=config.progress, seed=config.seed)

@@ -244,8 +244,8 @@ def profile_kernels(
         default = tuning_log.default_seconds(kernels[name]) if cost.source != "predicted" else None
         if default is not None and math.isfinite(default):
             shares[name] = weights.get(name, 1.0) * default
-    allocation = allocate_new_trials(shares, trial_budget(trials, trials_per_kernel, len(shares)),
-                                     spent_trials(kernels, shares, tuning_log))
+    allocation = trial_allocation(kernels, shares,
+                                  trial_budget(trials, trials_per_kernel, len(shares)), tuning_log)
     remaining = None if time_budget is None else time_budget - (time.perf_counter() - started)
     tuned = tune_kernels(kernels, allocation, target, tuning_log, time_budget=remaining,
                          runner=runner, builder=builder, progress=progress, seed=seed)
@@ -280,29 +280,32 @@ def allocate_trials(shares: Mapping[str, float], budget: int,
     return allocation
 
 
-def allocate_new_trials(shares: Mapping[str, float], budget: int, spent: Mapping[str, int],
+def allocate_new_trials(shares: Mapping[str, float], budget: int, spent: Callable[[str], int],
                         minimum: int = MIN_TRIALS_PER_TASK) -> dict[str, int]:
     """`allocate_trials`, with the trials of kernels the log already covers moved to the rest.
 
     A kernel covers its allocation when it holds at least half of it in tuning records (the
-    test `tune_kernels` applies), e.g. tuned by the other compile path, which shares most
-    kernels. Those allocations are added, by share, to the kernels that still need tuning, so a
-    compile runs its whole budget where it can. The additions only ever raise an allocation,
-    so once a compile has tuned every kernel so allocated, the next compile with the same
-    budget finds each one covered again and runs no trial; a kernel whose share earned no
-    trials earns none from what is moved.
+    test `tune_kernels` applies; `spent(name)` is what it holds, asked only of kernels with
+    an allocation), e.g. tuned by the other compile path, which shares most kernels. Those
+    allocations are added, by share, to the kernels that still need tuning, so a compile runs
+    its whole budget where it can. The additions only ever raise an allocation, so once a
+    compile has tuned every kernel so allocated, the next compile with the same budget finds
+    each one covered again and runs no trial; a kernel whose share earned no trials earns none
+    from what is moved.
     """
     first = allocate_trials(shares, budget, minimum)
-    covered = {name for name, trials in first.items() if spent.get(name, 0) * 2 >= trials}
+    covered = {name for name, trials in first.items()
+               if trials == 0 or spent(name) * 2 >= trials}
     moved = allocate_trials({name: share for name, share in shares.items() if name not in covered},
                             sum(first[name] for name in covered), minimum)
     return {name: trials + moved.get(name, 0) for name, trials in first.items()}
 
 
-def spent_trials(kernels: Mapping[str, tvm.IRModule], names, tuning_log: TuningLog
-                 ) -> dict[str, int]:
-    """`tuned_trials` of each named kernel (what `allocate_new_trials` needs)."""
-    return {name: tuned_trials(tuning_log, kernels[name]) for name in names if name in kernels}
+def trial_allocation(kernels: Mapping[str, tvm.IRModule], shares: Mapping[str, float],
+                     budget: int, tuning_log: TuningLog) -> dict[str, int]:
+    """`allocate_new_trials` against what `tuning_log` holds for each kernel."""
+    return allocate_new_trials(shares, budget,
+                               lambda name: tuned_trials(tuning_log, kernels[name]))
 
 
 def tuned_trials(tuning_log: TuningLog, kernel_mod: tvm.IRModule) -> int:
