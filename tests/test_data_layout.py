@@ -27,15 +27,19 @@ def conv_module():
     return import_onnx(conv_block_onnx(CHANNELS, SIZE), None)
 
 
-def conv_data_layouts(mod) -> list[str]:
-    layouts = []
+def conv_calls(mod) -> list[relax.Call]:
+    calls = []
 
     def visit(expr):
         if isinstance(expr, relax.Call) and expr.op.name == "relax.nn.conv2d":
-            layouts.append(str(expr.attrs.data_layout))
+            calls.append(expr)
 
     relax.analysis.post_order_visit(mod["main"], visit)
-    return layouts
+    return calls
+
+
+def conv_data_layouts(mod) -> list[str]:
+    return [str(call.attrs.data_layout) for call in conv_calls(mod)]
 
 
 def test_variants_offer_both_layouts_only_where_there_is_a_convolution():
@@ -59,13 +63,7 @@ def test_variants_offer_both_layouts_only_where_there_is_a_convolution():
 def test_nhwc_weights_have_output_channels_last():
     """HWIO, so that a default schedule's vector of output channels is one contiguous load
     (OHWI made it a gather: 1.4-2.7x slower on YOLOX-nano's convolutions)."""
-    convs = []
-
-    def visit(expr):
-        if isinstance(expr, relax.Call) and expr.op.name == "relax.nn.conv2d":
-            convs.append(expr)
-
-    relax.analysis.post_order_visit(convert_layout(conv_module(), "NHWC")["main"], visit)
+    convs = conv_calls(convert_layout(conv_module(), "NHWC"))
     assert [str(conv.attrs.kernel_layout) for conv in convs] == ["HWIO"] * 3
     for conv in convs:
         weight = [int(d) for d in conv.args[1].ty.shape]

@@ -154,10 +154,10 @@ def _schedule_block(schedule, block, cores: int, register_tiles: bool) -> None:
 
 
 def _register_tile(schedule, block, spatial: list) -> tuple[list, list]:
-    """(spatial loops, tile loops): split off up to TILE_ROWS steps of a loop the vector loads
-    do not depend on, so that each vector loaded per reduction step feeds TILE_ROWS
+    """(spatial loops, tile loops): split off `_tile_rows` steps of a loop the vector loads
+    do not depend on, so that each vector loaded per reduction step feeds that many
     multiply-adds (a matmul's rows, a convolution's output pixels in NHWC or its output
-    channels in NCHW) and a large operand streams through the cache TILE_ROWS times less."""
+    channels in NCHW) and a large operand streams through the cache that many times less."""
     row = _row_loop(schedule, block)
     rows = 1 if row is None else _tile_rows(_extent(schedule, spatial[row]))
     if rows == 1:
