@@ -14,6 +14,13 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 MODELS = REPO / "models"
 
 
+def host_has_shipped_logs() -> bool:
+    """Whether tuning_logs/ holds this CPU's records (else a compile would measure everything)."""
+    from korch_tvm.target import parse_target, target_tag
+
+    return (REPO / "tuning_logs" / target_tag(parse_target("llvm"))).is_dir()
+
+
 def make_tiny_onnx(rows: int = 16, cols: int = 32, seed: int = 0) -> onnx.ModelProto:
     """Softmax -> MatMul -> Add -> LayerNormalization: a composite op on each side of a matmul."""
     rng = np.random.default_rng(seed)

@@ -59,18 +59,32 @@ def test_help_documents_every_flag():
     for flag in ["--target", "--korch", "--tuning-logs", "--trials", "--trials-per-kernel",
                  "--time-budget", "-o",
                  "--report", "--no-verify", "--input-shape", "--rpc-tracker", "--threads",
-                 "--layout"]:
+                 "--layout", "--memory-limit"]:
         assert flag in result.stdout, flag
 
 
-def test_layout_flag_reaches_the_compile(tmp_path):
+def _compile_conv_block(tmp_path, *flags):
+    """Compile a small conv block with Korch and `flags`: (CLI result, report, model path)."""
     path = tmp_path / "conv.onnx"
     path.write_bytes(conv_block_onnx(8, 10).SerializeToString())
     report_path = tmp_path / "report.json"
-    result = run_cli("compile", path, "--korch", "--layout", "NHWC", "--report", report_path)
+    result = run_cli("compile", path, "--korch", *flags, "--report", report_path)
     assert result.returncode == 0, result.stderr
+    return result, json.loads(report_path.read_text()), path
+
+
+def test_layout_flag_reaches_the_compile(tmp_path):
+    result, report, path = _compile_conv_block(tmp_path, "--layout", "NHWC")
     assert "layout: NHWC" in result.stdout
-    report = json.loads(report_path.read_text())
     assert report["layout"] == "NHWC" and list(report["layouts"]) == ["NHWC"]
     assert report["verification"]["passed"]
     assert run_cli("compile", path, "--layout", "NCWH").returncode == 2
+
+
+def test_memory_limit_flag_reaches_the_compile(tmp_path):
+    result, report, path = _compile_conv_block(tmp_path, "--memory-limit", "none")
+    assert report["memory_limit"] == "none"
+    assert "0 piece(s) moved to FuseOps' groups" in result.stdout
+    storage = report["plan"]["planned_storage_mb"]
+    assert storage["korch"] > 0 and storage["stock"] > 0 and storage["pieces_on_stock_plan"] == 0
+    assert run_cli("compile", path, "--memory-limit", "tight").returncode == 2

@@ -10,8 +10,9 @@ import sys
 
 import pytest
 
-from conftest import MODELS, REPO, make_tiny_onnx
+from conftest import MODELS, REPO, host_has_shipped_logs, make_tiny_onnx
 from korch_tvm import KorchConfig, compile_model
+from korch_tvm.memory_plan import STORAGE_SLACK
 from korch_tvm.report import summary_lines
 
 SHIPPED_LOGS = REPO / "tuning_logs"
@@ -50,13 +51,7 @@ def test_korch_second_compile_runs_zero_trials_and_gives_the_same_plan(tmp_path)
         assert report["plan"]["solver_status"] == "optimal"
 
 
-def _host_has_shipped_logs() -> bool:
-    from korch_tvm.target import parse_target, target_tag
-
-    return (SHIPPED_LOGS / target_tag(parse_target("llvm"))).is_dir()
-
-
-@pytest.mark.skipif(not _host_has_shipped_logs(),
+@pytest.mark.skipif(not host_has_shipped_logs(),
                     reason="the shipped logs are for another CPU (their tag differs from this one)")
 @pytest.mark.parametrize("name", ["bert_layer.onnx", "segformer_block.onnx"])
 def test_korch_on_bundled_models_from_shipped_logs(name, shipped_logs):
@@ -69,6 +64,8 @@ def test_korch_on_bundled_models_from_shipped_logs(name, shipped_logs):
     assert plan["solver_status"] == "optimal"
     # the FuseOps plan is one feasible answer, so the optimum can only be cheaper
     assert plan["modelled_ms"] <= plan["stock_modelled_ms"] * (1 + 1e-9)
+    storage = plan["planned_storage_mb"]  # and it needs no more activation storage
+    assert storage["korch"] <= storage["stock"] * (1 + STORAGE_SLACK)
     assert report["kernels_with_tuned_schedule"].split("/")[0] != "0"
 
 

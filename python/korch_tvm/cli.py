@@ -13,7 +13,7 @@ import os
 import sys
 
 from . import interrupts
-from .config import LAYOUT_CHOICES
+from .config import LAYOUT_CHOICES, MEMORY_LIMITS
 from .errors import KorchError
 
 EXIT_USER_ERROR = 2
@@ -71,6 +71,11 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
                              "(default) plans the model in both and keeps the faster modelled "
                              "plan (a model with convolutions is tuned twice); applies to both "
                              "paths")
+    parser.add_argument("--memory-limit", choices=MEMORY_LIMITS, default="stock",
+                        help="'stock' (default): Korch's plan needs no more activation storage "
+                             "than TVM's own fusion groups (within 1%%): pieces of the graph go "
+                             "back to those groups until it fits; 'none': the fastest modelled "
+                             "plan whatever its storage")
     parser.add_argument("--rpc-tracker", metavar="HOST:PORT", default=None,
                         help="measure kernels through a TVM RPC tracker")
     parser.add_argument("--rpc-key", default=None, help="device key registered at the tracker")
@@ -206,7 +211,8 @@ def _config_from_args(args):
 
     return KorchConfig(num_threads=args.threads, rpc_tracker=args.rpc_tracker,
                        rpc_key=args.rpc_key, trials_per_kernel=args.trials_per_kernel,
-                       fast_math=args.fast_math, layout=args.layout)
+                       fast_math=args.fast_math, layout=args.layout,
+                       memory_limit=args.memory_limit)
 
 
 def _export(executable, path: str) -> None:

@@ -66,6 +66,8 @@ def compile_model(model, target="llvm", *, korch: bool = True, tuning_logs: str 
         "trials_per_kernel": config.trials_per_kernel,
         "fast_math": config.fast_math,
     }
+    if korch:
+        report["memory_limit"] = config.memory_limit
     config = config.with_changes(target=tvm_target)
     plan = None
     if korch:

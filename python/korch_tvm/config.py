@@ -6,6 +6,7 @@ from dataclasses import dataclass, replace
 
 # Activation layouts a compile can use (data_layout.py); "auto" plans each and keeps the faster.
 LAYOUT_CHOICES = ("auto", "NCHW", "NHWC")
+MEMORY_LIMITS = ("stock", "none")
 
 
 @dataclass(frozen=True)
@@ -39,6 +40,9 @@ class KorchConfig:
     # cheaper (a model with convolutions is then costed and tuned in both layouts).
     layout: str = "auto"
     solver_time_limit: float = 10.0
+    # "stock": the plan may not need more activation storage than TVM's own fusion groups
+    # (memory_plan.py; pieces go back to their stock plan until it fits); "none": latency alone.
+    memory_limit: str = "stock"
     num_threads: int | None = None
     rpc_tracker: str | None = None
     rpc_key: str | None = None

@@ -97,6 +97,18 @@ def _still_there(schedule, block_rv) -> bool:
     return True
 
 
+def inline_injective(func: tvm.tirx.PrimFunc) -> tvm.tirx.PrimFunc:
+    """`func` with its injective intermediates inlined, as the default schedule starts."""
+    from tvm.s_tir.dlight.analysis import normalize_prim_func
+
+    schedule = tvm.s_tir.Schedule(func)
+    blocks = normalize_prim_func(schedule)
+    if blocks is None:
+        return func
+    _inline_injective(schedule, [block.block_rv for block in blocks])
+    return schedule.mod["main"]
+
+
 def _inline_injective(schedule, blocks) -> None:
     """Inline every block that can be (injective, not an output), until none can."""
     remaining = list(blocks)

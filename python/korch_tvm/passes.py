@@ -19,17 +19,19 @@ from dataclasses import dataclass, field, replace
 import tvm
 
 from .candidates import enumerate_candidates
-from .config import KorchConfig
+from .config import MEMORY_LIMITS, KorchConfig
 from .cost_model import predict_kernels
 from .costing import (default_schedule_costs, measure_costs, merge_summaries, open_tuning_log,
                       shared_runner, summarize, tune_costs)
 from .data_layout import in_best_layout
+from .errors import KorchError
 from .fission import lower_to_primitives, lowering_stats
 from .gpu_rules import rules_for_target
 from .in_model import load_in_model_times, scaled_costs
 from .kernel_kinds import kernel_kind, module_kernel_kinds, plan_kind_times
 from .kernels import distinct_kernels, structural_key
 from .lazy_costing import solve_lazily
+from .memory_plan import StorageModel
 from .orchestration import solve_orchestration
 from .partition import partition_graph
 from .planning import orchestration_problems, plan_groups, plan_report, prune_by_prediction
@@ -79,6 +81,7 @@ class KorchPlan:
     layout: str = "NCHW"       # activation layout of the plan (data_layout.py)
     in_layout: tvm.IRModule | None = None  # source in that layout, before fission
     layouts: dict = field(default_factory=dict)  # every layout planned -> modelled_ms, tuning
+    storage: StorageModel | None = None  # for the planned-storage report (memory_plan.py)
 
     @property
     def modelled_ms(self) -> float:
@@ -96,7 +99,8 @@ class KorchPlan:
     def report(self) -> dict:
         """The planning part of the compile report (JSON-friendly)."""
         plan = plan_report(self.graph, self.candidates, self.kept, self.problems, self.plans,
-                           self.chosen, self.kernel_keys, self.costs, self.in_model_factors)
+                           self.chosen, self.kernel_keys, self.costs, self.in_model_factors,
+                           self.storage)
         plan["opaque_ops"] = sorted({op for _, op in self.opaque_primitives()})
         layouts = self.layouts or {self.layout: {"modelled_ms": self.modelled_ms,
                                                  "tuning": summarize(self.costs.values())}}
@@ -121,8 +125,14 @@ def plan_korch(mod: tvm.IRModule, config: KorchConfig, *, predict_only: bool = F
     the profiler's default-schedule measurement (a study replays another run's numbers).
 
     With ``config.layout == "auto"`` a model with convolutions is planned in each activation
-    layout (data_layout.py) and the plan of least modelled latency is kept.
+    layout (data_layout.py) and the plan of least modelled latency is kept. With
+    ``config.memory_limit == "stock"`` the plan needs no more activation storage than TVM's own
+    fusion groups (memory_plan.py).
     """
+    if config.memory_limit not in MEMORY_LIMITS:
+        raise KorchError(f"unknown memory limit '{config.memory_limit}': choose one of "
+                         f"{', '.join(MEMORY_LIMITS)}")
+
     def plan_in(layout, variant, time_budget):
         return _plan_in_layout(mod, variant, layout, config.with_changes(time_budget=time_budget),
                                predict_only=predict_only, measure_with=measure_with)
@@ -154,6 +164,7 @@ def _plan_in_layout(source: tvm.IRModule, mod: tvm.IRModule, layout: str, config
     candidates = [candidate for piece in pieces
                   for candidate in enumerate_candidates(graph, rules, node_subset=piece)]
     kernels = distinct_kernels(graph, candidates)
+    storage = StorageModel.of(graph, candidates, kernels.keys, kernels.modules)
     logger.info("%d primitives, %d candidates, %d distinct kernels, %d subproblems",
                 len(graph.nodes), len(candidates), len(kernels.modules), len(pieces))
     clock.lap("candidates")
@@ -180,6 +191,8 @@ def _plan_in_layout(source: tvm.IRModule, mod: tvm.IRModule, layout: str, config
         problems = orchestration_problems(graph, pieces, candidates, usable, kernels.keys, costs)
         plans = [solve_orchestration(problem.problem, time_limit=config.solver_time_limit)
                  for problem in problems]
+        if storage is not None and config.memory_limit == "stock":
+            plans = storage.within_stock(problems, plans)
         return problems, plans, plan_groups(problems, plans)
 
     if predict_only:
@@ -189,7 +202,7 @@ def _plan_in_layout(source: tvm.IRModule, mod: tvm.IRModule, layout: str, config
         clock.lap("orchestration")
         return KorchPlan(source, lowered, graph, pieces, candidates, kept, kernels.keys,
                          kernels.modules, costs, problems, plans, chosen, tuning_log, target,
-                         clock.seconds, factors, layout, mod)
+                         clock.seconds, factors, layout, mod, storage=storage)
 
     stock_keys = {kernels.keys[i] for i in kept
                   if candidates[i].is_stock and kernels.keys[i] is not None}
@@ -222,7 +235,7 @@ def _plan_in_layout(source: tvm.IRModule, mod: tvm.IRModule, layout: str, config
                       for key in kept_kernels if key not in costs}
     return KorchPlan(source, lowered, graph, pieces, candidates, kept, kernels.keys,
                      kernels.modules, {**never_measured, **costs}, problems, plans, chosen,
-                     tuning_log, target, clock.seconds, factors, layout, mod)
+                     tuning_log, target, clock.seconds, factors, layout, mod, storage=storage)
 
 
 MEMORY_BOUND = "memory-bound"

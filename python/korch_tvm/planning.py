@@ -93,7 +93,7 @@ def plan_groups(problems: Sequence[Subproblem], plans: Sequence[Plan]) -> list[t
 
 
 def plan_report(graph, candidates, kept, problems, plans, chosen, key_of_candidate, costs,
-                in_model_factors: Mapping[str, float] | None = None) -> dict:
+                in_model_factors: Mapping[str, float] | None = None, storage=None) -> dict:
     """What the solver did, per piece and in total; JSON-friendly. A kernel's "ms" is the cost
     the solver used (its isolated cost times its in-model factor), "isolated_ms" the former."""
     computed = [node for i in chosen for node in candidates[i].nodes]
@@ -107,6 +107,8 @@ def plan_report(graph, candidates, kept, problems, plans, chosen, key_of_candida
         "largest_subproblem": max((len(p.piece) for p in problems), default=0),
         "kernels_chosen": len(chosen),
         "recomputed_primitives": len(computed) - len(set(computed)),
+        # activation storage Relax will plan for this plan and the stock plan (memory_plan.py)
+        "planned_storage_mb": None if storage is None else storage.report(problems, plans),
         "modelled_ms": sum(plan.objective for plan in plans) * 1e3,
         "stock_modelled_ms": stock_ms,
         "solver_status": _overall_status(plans),

@@ -34,6 +34,12 @@ def summary_lines(report: dict) -> list[str]:
             f" primitives recomputed; modelled {plan.get('modelled_ms', 0):.3f} ms vs "
             f"{_ms(plan.get('stock_modelled_ms'))} for FuseOps' groups on the same costs; "
             f"solver {plan.get('solver_status')}")
+        storage = plan.get("planned_storage_mb")
+        if storage:
+            stock = "n/a" if storage["stock"] is None else f"{storage['stock']:.1f} MB"
+            lines.append(f"  activation storage: {storage['korch']:.1f} MB vs {stock} for "
+                         f"FuseOps' groups; {storage['pieces_on_stock_plan']} piece(s) moved to "
+                         f"FuseOps' groups to stay within it")
         if plan.get("opaque_ops"):
             lines.append(f"  opaque ops kept as in the stock path: {', '.join(plan['opaque_ops'])}")
     elif report.get("modelled_ms") is not None:

@@ -1,0 +1,120 @@
+"""Relax's storage planning replayed on a plan, and pieces put back on their stock plan."""
+
+import dataclasses
+
+import pytest
+
+from conftest import MODELS, REPO, host_has_shipped_logs
+from korch_tvm.candidates import KernelRules, enumerate_candidates
+from korch_tvm.memory_plan import Step, StorageModel, node_bytes, planned_storage_bytes
+from korch_tvm.orchestration import solve_orchestration
+from korch_tvm.planning import orchestration_problems, plan_groups
+from korch_tvm.primitive_graph import PrimitiveGraph
+from korch_tvm.profiler import KernelCost
+
+
+def test_blocks_are_reused_grown_or_added_like_relaxs_planner():
+    sizes = [100, 50, 80, 400, 10_000, 7]
+    steps = [
+        Step(frozenset(), frozenset({0})),  # block A (100)
+        Step(frozenset({0}), frozenset({1})),  # block B (50): A is still read; then A is free
+        Step(frozenset({1}), frozenset({2})),  # 80 fits in A; then B is free
+        Step(frozenset({2}), frozenset({3})),  # 400: B (50) is the largest smaller block, grown
+        Step(frozenset({3}), frozenset({4})),  # 10000: A (100) is under 1/16 of it: new block
+        Step(frozenset({4}), frozenset({5})),  # a graph output takes no block
+    ]
+    assert planned_storage_bytes(steps, sizes, frozenset({5})) == 100 + 400 + 10_000
+
+
+def test_a_view_shares_its_inputs_block():
+    sizes = [1000, 1000, 1000, 4]
+    steps = [Step(frozenset(), frozenset({0})),
+             Step(frozenset({0}), frozenset({1}), view=True),  # a reshape of 0: 0's block
+             Step(frozenset({0, 1}), frozenset({2})),  # reads both: one block is busy
+             Step(frozenset({2}), frozenset({3}))]
+    assert planned_storage_bytes(steps, sizes, frozenset({3})) == 2000
+    copied = [steps[0], Step(frozenset({0}), frozenset({1})), *steps[2:]]
+    assert planned_storage_bytes(copied, sizes, frozenset({3})) == 3000  # two blocks are busy
+
+
+def _split_beats_fused():
+    """0 -> 1 -> 2 of 1000, 1000 and 10 floats; two kernels are faster than the stock plan
+    that fuses all three, but store a 1000-float intermediate."""
+    graph = PrimitiveGraph.from_edges(3, [(0, 1), (1, 2)], outputs=[2])
+    nodes = tuple(dataclasses.replace(node, out_shapes=((size,),), out_dtypes=("float32",))
+                  for node, size in zip(graph.nodes, (1000, 1000, 10)))
+    graph = dataclasses.replace(graph, nodes=nodes)
+    candidates = [dataclasses.replace(c, is_stock=len(c.nodes) == 3)
+                  for c in enumerate_candidates(graph, KernelRules(max_kernel_size=3))]
+    keys = [f"k{i}" for i in range(len(candidates))]
+    costs = {key: KernelCost(1.0 if len(c.nodes) == 3 else 0.4, "measured", 0)
+             for key, c in zip(keys, candidates)}
+    problems = orchestration_problems(graph, [frozenset(range(3))], candidates,
+                                      range(len(candidates)), keys, costs)
+    return graph, candidates, problems
+
+
+def _storage_model(graph, candidates, outputs=None) -> StorageModel:
+    steps = tuple(Step(frozenset(c.inputs), frozenset(c.outputs)) for c in candidates)
+    return StorageModel(node_bytes(graph), frozenset(outputs or graph.outputs), steps)
+
+
+def test_a_plan_storing_more_than_stock_goes_back_to_the_stock_plan():
+    graph, candidates, problems = _split_beats_fused()
+    plans = [solve_orchestration(p.problem) for p in problems]
+    assert plans[0].objective == pytest.approx(0.8) and len(plans[0].chosen) == 2
+
+    storage = _storage_model(graph, candidates)
+    assert storage.report(problems, plans) == {"korch": 0.004, "stock": 0.0,
+                                               "pieces_on_stock_plan": 0}
+    kept = storage.within_stock(problems, plans)
+    assert storage.report(problems, kept)["pieces_on_stock_plan"] == 1
+    assert kept[0].status == "memory_limited"
+    assert kept[0].objective == pytest.approx(1.0) == kept[0].stock_objective
+    assert kept[0].gap == pytest.approx(0.2)  # against the unlimited optimum, still the bound
+    assert [candidates[i].nodes for i in plan_groups(problems, kept)] == [frozenset({0, 1, 2})]
+
+
+def test_a_plan_within_stock_storage_is_kept():
+    graph, candidates, problems = _split_beats_fused()
+    plans = [solve_orchestration(p.problem) for p in problems]
+    assert [candidates[i].nodes for i in plan_groups(problems, plans)] == \
+        [frozenset({0, 1}), frozenset({2})]
+    storage = _storage_model(graph, candidates, outputs={1, 2})  # 1 takes no block now
+    assert storage.within_stock(problems, plans) == plans
+
+
+def test_unknown_memory_limit_is_a_clear_error():
+    from korch_tvm import KorchConfig
+    from korch_tvm.errors import KorchError
+    from korch_tvm.passes import plan_korch
+
+    with pytest.raises(KorchError, match="unknown memory limit 'tight': choose one of stock, none"):
+        plan_korch(None, KorchConfig(memory_limit="tight"))
+
+
+@pytest.mark.skipif(not host_has_shipped_logs(),
+                    reason="the shipped logs are for another CPU (their tag differs from this one)")
+@pytest.mark.parametrize("name", ["bert_layer.onnx", "segformer_block.onnx"])
+def test_replay_matches_the_storage_relax_plans(name, tmp_path):
+    """The model's number is what Relax's planner allocates for the rewritten plan."""
+    import re
+    import shutil
+
+    import tvm
+    from korch_tvm import KorchConfig
+    from korch_tvm.frontend import import_onnx, load_onnx
+    from korch_tvm.passes import plan_korch, rewrite_plan
+    from korch_tvm.target import parse_target
+
+    shutil.copytree(REPO / "tuning_logs", tmp_path / "logs")
+    target = parse_target("llvm")  # the host's tag, whose records the shipped logs hold
+    plan = plan_korch(import_onnx(load_onnx(str(MODELS / name))),
+                      KorchConfig(target=target, tuning_logs=str(tmp_path / "logs")))
+    module, report = rewrite_plan(plan)
+    with target:
+        main = tvm.relax.get_pipeline("default")(module)["main"].script()
+    allocated = sum(int(size) for size in re.findall(r"alloc_storage\(R\.shape\(\[(\d+)\]\)", main))
+    outputs = sum(node_bytes(plan.graph)[node] for node in plan.graph.outputs)  # own blocks
+    modelled = report["plan"]["planned_storage_mb"]["korch"] * 1e6
+    assert modelled == pytest.approx(allocated - outputs, abs=500)  # the report rounds to 1 kB
