@@ -216,6 +216,17 @@ def test_a_kernel_whose_search_runs_out_is_not_searched_again(tmp_path):
     assert again.record_count(kernel) == records
 
 
+def test_tuning_stopped_by_the_time_budget_says_what_is_left(tmp_path, caplog):
+    kernels = legalized_kernels(16)
+    log = TuningLog(tmp_path, TARGET)
+    with caplog.at_level("WARNING", logger="korch_tvm.profiler"):
+        tuned = tune_kernels(kernels, dict.fromkeys(kernels, 64), TARGET, log, time_budget=0.0,
+                             progress=False)
+    assert tuned == {} and log.tuning_attempts(kernels["matmul"]) == 0
+    assert f"time budget reached: {len(kernels)} kernel(s) keep their default schedule" \
+        in caplog.text
+
+
 def test_pooled_builder_keeps_its_workers_between_builds(monkeypatch):
     """Costing builds in many small calls; the workers start once, not once per call."""
     started = []

@@ -356,6 +356,10 @@ def tune_kernels(
             costs.update(_tune(names, kernels, target, tuning_log, builder, runner, per_task,
                                deadline, bar, seed))
     bar.close()
+    left = sum(len(names) for names in todo.values()) - len(costs)
+    if left:  # only the deadline stops _tune short
+        logger.warning("time budget reached: %d kernel(s) keep their default schedule; the next "
+                       "compile with this budget tunes them", left)
     return costs
 
 
