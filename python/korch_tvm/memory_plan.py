@@ -190,7 +190,7 @@ class StorageModel:
             plans[piece] = replace(plan, chosen=fallback[piece], objective=plan.stock_objective,
                                    status="memory_limited",
                                    gap=(plan.stock_objective - plan.best_bound) / plan.stock_objective)
-            logger.info("planned storage above the stock plan's %.1f MB: a piece of %d primitives "
+            logger.debug("planned storage above the stock plan's %.1f MB: a piece of %d primitives "
                         "runs its stock plan (%.3f ms modelled given up)", stock / 1e6,
                         len(subproblems[piece].piece), lost * 1e3)
         return plans
