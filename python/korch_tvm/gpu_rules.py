@@ -98,11 +98,7 @@ def fits_in_thread_block(candidate: Candidate, graph: PrimitiveGraph, *,
 def output_bytes(graph: PrimitiveGraph, index: int) -> int | None:
     """Bytes of node `index`'s output (None for tuple or symbolic outputs)."""
     node = graph.nodes[index]
-    if node.shape is None or node.dtype is None:
-        return None
-    if not all(isinstance(dim, int) for dim in node.shape):
-        return None
-    return math.prod(node.shape) * max(1, tvm.DataType(node.dtype).bits // 8)
+    return node.out_bytes if len(node.out_shapes) == 1 else None
 
 
 def _bit_indices(mask: int):

@@ -14,11 +14,9 @@ from __future__ import annotations
 
 import bisect
 import logging
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from tvm import DataType
 from tvm.relax.analysis import has_reshape_pattern
 
 from .cpu_schedule import inline_injective
@@ -48,17 +46,8 @@ class Step:
 
 def node_bytes(graph) -> tuple[int, ...]:
     """Bytes of each primitive's outputs; () when a shape is symbolic (no memory accounting)."""
-    sizes = []
-    for node in graph.nodes:
-        if not node.out_shapes:
-            return ()
-        total = 0
-        for shape, dtype in zip(node.out_shapes, node.out_dtypes):
-            if not all(isinstance(extent, int) for extent in shape):
-                return ()
-            total += math.prod(shape) * max(DataType(dtype).bits * DataType(dtype).lanes // 8, 1)
-        sizes.append(total)
-    return tuple(sizes)
+    sizes = tuple(node.out_bytes for node in graph.nodes)
+    return () if None in sizes else sizes
 
 
 def planned_storage_bytes(steps: Sequence[Step], sizes: Sequence[int],

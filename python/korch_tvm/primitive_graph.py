@@ -23,6 +23,7 @@ attribute of the node that reads it. Nodes are numbered in binding order, a topo
 from __future__ import annotations
 
 import functools
+import math
 from dataclasses import dataclass, field
 from typing import Iterable, Sequence
 
@@ -67,6 +68,19 @@ class PrimitiveNode:
     @property
     def dtype(self) -> str | None:
         return self.out_dtypes[0] if len(self.out_dtypes) == 1 else None
+
+    @property
+    def out_bytes(self) -> int | None:
+        """Bytes of all its output tensors (None without outputs or with a symbolic extent)."""
+        if not self.out_shapes:
+            return None
+        total = 0
+        for shape, dtype in zip(self.out_shapes, self.out_dtypes):
+            if not all(isinstance(extent, int) for extent in shape):
+                return None
+            element = tvm.DataType(dtype)
+            total += math.prod(shape) * max(1, element.bits * element.lanes // 8)
+        return total
 
 
 @dataclass(frozen=True)
