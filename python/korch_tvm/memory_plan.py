@@ -121,10 +121,14 @@ class StorageModel:
         if not sizes:
             return None
         steps = []
+        reshapes: dict[str, bool] = {}  # per kernel key: candidates share kernels
         for candidate, key in zip(candidates, kernel_keys):
             view = (key is not None and len(candidate.inputs) == 1 and len(candidate.outputs) == 1
-                    and all(graph.nodes[n].kind == LAYOUT for n in candidate.nodes)
-                    and _is_reshape(kernel_modules[key]["main"]))
+                    and all(graph.nodes[n].kind == LAYOUT for n in candidate.nodes))
+            if view:
+                if key not in reshapes:
+                    reshapes[key] = _is_reshape(kernel_modules[key]["main"])
+                view = reshapes[key]
             first = min((position for n in candidate.nodes for position in graph.nodes[n].bindings),
                         default=min(candidate.nodes))
             steps.append(Step(frozenset(candidate.inputs), frozenset(candidate.outputs), view,
