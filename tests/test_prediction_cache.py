@@ -76,9 +76,10 @@ def counted_features(tmp_path, monkeypatch) -> list:
     for suffix in ("", ".meta.json"):
         shutil.copy(str(shipped_model) + suffix, tmp_path / tag / (cost_model.MODEL_FILE + suffix))
     extracted = []
-    original = cost_model.kernel_features
-    monkeypatch.setattr(cost_model, "kernel_features",
-                        lambda *args, **kwargs: extracted.append(1) or original(*args, **kwargs))
+    original = cost_model.kernel_features_many
+    monkeypatch.setattr(cost_model, "kernel_features_many",
+                        lambda mods, *args, **kwargs: extracted.extend([1] * len(mods))
+                        or original(mods, *args, **kwargs))
     return extracted
 
 
