@@ -1,11 +1,13 @@
-"""Time the CPU default schedule with and without register tiles on the suite's kernel shapes.
+"""Time the CPU default schedule without register tiles, with them, and its two variants.
 
     .venv/bin/python bench/default_schedule.py [--threads 2] [--out bench/results/default_schedule.txt]
 
 Each kernel (matmuls and convolutions of the shapes that dominate the suite models) is built
-from TOPI, scheduled by `korch_tvm.cpu_schedule.default_schedule` with `register_tiles` off
-and on, checked equal, and timed with a warm cache (best of 3 x 3 calls). The figures quoted
-in cpu_schedule.py come from this script.
+from TOPI, scheduled by `korch_tvm.cpu_schedule.default_schedule` with `register_tiles` off,
+on, and in the two variants the profiler also measures (`default_schedules`: up to
+`WIDE_TILE_ROWS` tile rows; the vector's outer loop outermost), checked equal, and timed with
+a warm cache (best of 3 x 3 calls). The figures quoted in cpu_schedule.py come from this
+script.
 """
 
 from __future__ import annotations
@@ -48,12 +50,15 @@ def kernels() -> dict:
 
     return {
         "matmul 128x768x3072 (BERT MLP)": matmul(128, 768, 3072),
+        "matmul 128x3072x768 (BERT MLP out)": matmul(128, 3072, 768),
         "matmul 4096x256x1024 (SegFormer MLP)": matmul(4096, 256, 1024),
         "conv 1x1 1024->256 @128 NHWC (SegFormer)": conv_nhwc(128, 1024, 256, 1, 1),
         "conv 1x1 64->64 @80 NHWC +bias+relu (YOLOX)": conv_nhwc(80, 64, 64, 1, 1, bias_relu=True),
         "conv 1x1 256->64 @13 NHWC +bias+relu (YOLOX)": conv_nhwc(13, 256, 64, 1, 1,
                                                                 bias_relu=True),
         "conv 3x3 64->64 @56 NHWC +bias+relu": conv_nhwc(56, 64, 64, 3, 1, bias_relu=True),
+        "conv 3x3 512->1024 @13 NHWC (YOLOv4)": conv_nhwc(13, 512, 1024, 3, 1),
+        "conv 3x3 64->128 @208 NHWC (YOLOv4)": conv_nhwc(208, 64, 128, 3, 1),
         "conv 7x7/4 3->32 @512 NHWC (SegFormer patch)": conv_nhwc(512, 3, 32, 7, 4),
         "depthwise 3x3 128 @56 NHWC": conv_nhwc(56, 128, 128, 3, 1, depthwise=True),
         "conv 3x3 32->32 @224 NCHW (Candy)": conv_nchw(224, 32, 32, 3),
@@ -83,18 +88,24 @@ def main(argv=None) -> int:
 
     import numpy as np
 
-    from korch_tvm.cpu_schedule import MAX_TILE_ROWS, TILE_ROWS, default_schedule
+    from korch_tvm.cpu_schedule import MAX_TILE_ROWS, TILE_ROWS, WIDE_TILE_ROWS, default_schedule
     from korch_tvm.target import parse_target
 
     target = parse_target({"kind": "llvm", "num-cores": args.threads})
-    lines = [f"{'kernel':46s} {'untiled ms':>11s} {'tiled ms':>9s} {'speed-up':>8s}   "
-             f"(target {target}, {TILE_ROWS} tile rows, up to {MAX_TILE_ROWS})"]
+    lines = [f"{'kernel':46s} {'untiled ms':>11s} {'tiled ms':>9s} {'speed-up':>8s} "
+             f"{'wide ms':>8s} {'vector outer ms':>16s}   (target {target}, {TILE_ROWS} tile rows, "
+             f"up to {MAX_TILE_ROWS}; wide: up to {WIDE_TILE_ROWS})"]
     for name, mod in kernels().items():
         untiled, reference = run(default_schedule(mod, target, register_tiles=False).mod, target)
         tiled, output = run(default_schedule(mod, target).mod, target)
         np.testing.assert_allclose(output, reference, rtol=1e-4, atol=1e-4, err_msg=name)
+        variants = []
+        for options in ({"tile_rows": WIDE_TILE_ROWS}, {"vector_outer": True}):
+            seconds, output = run(default_schedule(mod, target, **options).mod, target)
+            np.testing.assert_allclose(output, reference, rtol=1e-4, atol=1e-4, err_msg=name)
+            variants.append(seconds)
         lines.append(f"{name:46s} {untiled * 1e3:11.3f} {tiled * 1e3:9.3f} "
-                     f"{untiled / tiled:7.2f}x")
+                     f"{untiled / tiled:7.2f}x {variants[0] * 1e3:8.3f} {variants[1] * 1e3:16.3f}")
         print(lines[-1], flush=True)
     if args.out:
         with open(args.out, "w", encoding="utf-8") as file:

@@ -4,13 +4,15 @@ loops, a trace that replays, and the build and the profiler using it for untuned
 import numpy as np
 import pytest
 import tvm
+import tvm_ffi
 from tvm import te, topi
 from tvm.s_tir.dlight.analysis import normalize_prim_func
 from tvm.script import tirx as T
 
 from conftest import make_tiny_onnx
 from test_layout import conv_block_onnx
-from korch_tvm.cpu_schedule import DEFAULT_SCHEDULE_ATTR, _row_loop, _tile_rows, default_schedule
+from korch_tvm.cpu_schedule import (DEFAULT_SCHEDULE_ATTR, WIDE_TILE_ROWS, _row_loop, _tile_rows,
+                                   default_schedule, default_schedules)
 from korch_tvm.frontend import import_onnx
 from korch_tvm.kernels import canonical_prim_func, kernel_module
 from korch_tvm.profiler import measure_kernels
@@ -130,6 +132,31 @@ def test_a_13x13_map_gets_13_tile_rows():
     np.testing.assert_allclose(run_kernel(scheduled), run_kernel(mod), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("rows, depth, width, expected", [
+    (64, 512, 1024, ["rule", "wide", "vector outer"]),
+    (26, 512, 1024, ["rule", "vector outer"]),  # 13 rows either way: no wide tile of its own
+    (64, 32, 48, ["rule"]),                      # under VARIANT_MIN_FLOPS
+])
+def test_large_kernels_get_the_variants_that_differ_from_the_rule(rows, depth, width, expected):
+    """Each variant computes the same numbers, and its trace replays to what it built."""
+    a, b = te.placeholder((rows, depth), name="a"), te.placeholder((depth, width), name="b")
+    r = te.reduce_axis((0, depth), "r")
+    mod = _te_kernel(a, b, te.compute((rows, width),
+                                      lambda i, j: te.sum(a[i, r] * b[r, j], axis=r)))
+    forms = {"rule": default_schedule(mod, TARGET),
+             "wide": default_schedule(mod, TARGET, tile_rows=WIDE_TILE_ROWS),
+             "vector outer": default_schedule(mod, TARGET, vector_outer=True)}
+    schedules = default_schedules(mod, TARGET)
+    assert [next(name for name, form in forms.items()
+                 if tvm_ffi.structural_equal(form.mod, schedule.mod))
+            for schedule in schedules] == expected
+    for schedule in schedules:
+        np.testing.assert_allclose(run_kernel(schedule.mod), run_kernel(mod), rtol=1e-4, atol=1e-4)
+        replayed = tvm.s_tir.Schedule(mod)
+        schedule.trace.apply_to_schedule(replayed, remove_postproc=False)
+        tvm.ir.assert_structural_equal(replayed.mod, schedule.mod)
+
+
 def test_trace_replays_to_the_same_kernel(kernels):
     for name, mod in kernels.items():
         schedule = default_schedule(mod, TARGET)
@@ -170,9 +197,12 @@ def test_profiler_records_the_default_measurement_under_its_schedule(tmp_path, k
     cost = measure_kernels({name: kernels[name]}, TARGET, log)[name]
     assert cost.source == "measured" and cost.seconds > 0
     record = log.best_record(kernels[name])
+    assert np.mean([float(s) for s in record.run_secs]) == pytest.approx(cost.seconds, rel=1e-5)
     applied = tvm.s_tir.Schedule(kernels[name])
     record.trace.apply_to_schedule(applied, remove_postproc=False)
-    tvm.ir.assert_structural_equal(applied.mod, default_schedule(kernels[name], TARGET).mod)
+    schedules = default_schedules(kernels[name], TARGET)
+    assert len(log.database.get_all_tuning_records()) == len(schedules)  # every variant logged
+    assert any(tvm_ffi.structural_equal(applied.mod, s.mod) for s in schedules)
 
 
 def test_a_logged_as_written_record_is_built_with_the_default_schedule(tmp_path):

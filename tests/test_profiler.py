@@ -13,6 +13,7 @@ from tvm.s_tir import meta_schedule as ms
 from tvm.script import tirx as T
 from tvm.support.popen_pool import PopenWorker
 
+from korch_tvm.cpu_schedule import default_schedules
 from korch_tvm.pooled_builder import PooledBuilder
 from korch_tvm.profiler import (FAILED_ATTEMPTS_KEPT, KernelCost, profile_kernels, rpc_runner,
                                  tune_kernels)
@@ -112,9 +113,12 @@ def test_zero_trials_measures_default_schedule_once(tmp_path, capsys):
     assert all(c.trials == 1 and 0 < c.seconds < 1e-2 for c in costs.values())
     assert costs["add_again"] is costs["add"]
     assert "kernels 2/2" in capsys.readouterr().err
-    # recorded as tuning records stock MetaSchedule can use
+    # recorded as tuning records stock MetaSchedule can use: one per default schedule (these
+    # small kernels have no variants), the fastest first
     stock = ms.database.JSONDatabase(work_dir=log.directory)
-    assert len(stock.get_all_tuning_records()) == 2
+    schedules = sum(len(default_schedules(kernels[name], TARGET)) for name in ("add", "matmul"))
+    assert len(stock.get_all_tuning_records()) == schedules == 2
+    assert log.default_seconds(kernels["matmul"]) == pytest.approx(costs["matmul"].seconds)
     record = stock.query_tuning_record(kernels["matmul"], TARGET, "main")
     assert float(record.run_secs[0]) == pytest.approx(costs["matmul"].seconds, rel=1e-5)
     again = profile_kernels(kernels, TARGET, TuningLog(tmp_path, TARGET), trials=0, progress=False)

@@ -18,6 +18,7 @@ import numpy as np
 import tvm
 
 from .errors import KorchError
+from .kernels import kernel_flops
 from .metaschedule_setup import prepare_for_target
 from .prediction_cache import PredictionCache, file_digest
 from .target import host_core_count, parse_target
@@ -68,8 +69,6 @@ class KernelShape:
 
 def kernel_shape(kernel_mod: tvm.IRModule) -> KernelShape:
     """Bytes in/out (params read / written by some block), FLOPs and block counts."""
-    from tvm.s_tir.analysis import estimate_tir_flops
-
     func = kernel_mod["main"]
     schedule = tvm.s_tir.Schedule(kernel_mod)
     blocks = []
@@ -87,11 +86,8 @@ def kernel_shape(kernel_mod: tvm.IRModule) -> KernelShape:
         else:
             bytes_in += size
     reductions = sum(any(int(iv.iter_type) == 2 for iv in block.iter_vars) for block in blocks)
-    try:
-        flops = float(estimate_tir_flops(kernel_mod))
-    except Exception:  # noqa: BLE001 - opaque calls have no FLOP count
-        flops = 0.0
-    return KernelShape(bytes_in, bytes_out, flops, len(blocks), reductions, len(func.params))
+    return KernelShape(bytes_in, bytes_out, kernel_flops(kernel_mod), len(blocks), reductions,
+                       len(func.params))
 
 
 def analytic_estimate(kernel_mod: tvm.IRModule, target="llvm") -> float:

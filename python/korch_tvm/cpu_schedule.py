@@ -24,8 +24,10 @@ activation: each intermediate that is not a reduction) and gives every block lef
 * for vectorized reductions, the initialisation split off into its own loop nest, so the
   reduction loop carries no "first iteration" test.
 
-A kernel the rule cannot handle (dynamic extents, opaque blocks) keeps the form it was written
-in. The returned schedule's trace replays on the kernel, so the profiler records the default
+The rule has two variants for large tiled kernels, a taller register tile and a loop order
+that keeps the weights in cache (`default_schedules`); the profiler measures them all and the
+log keeps the fastest. A kernel the rule cannot handle (dynamic extents, opaque blocks) keeps
+the form it was written in. The returned schedule's trace replays on the kernel, so the profiler records the default
 measurement under it and applying the log rebuilds exactly the kernel that was measured.
 """
 
@@ -34,6 +36,7 @@ from __future__ import annotations
 import logging
 
 import tvm
+import tvm_ffi
 
 from .errors import error_summary
 
@@ -54,25 +57,68 @@ TILE_ROWS = 8
 # instead of 4.4 ms; a 3x3 at 26x26 lost 22 % (2 rows 1.74, 13 rows 2.13 ms), and where 4 or 8
 # rows divide, 13 lost up to 2.4x on 3x3 convolutions (their windowed loads need more registers).
 MAX_TILE_ROWS = 14
+# The variants the profiler also measures (`default_schedules`): a register tile of up to 16
+# rows (16 of AVX-512's 32 registers as accumulators), and the rule's tile with the vector's
+# outer loop outermost; only for kernels of at least VARIANT_MIN_FLOPS (0.1 ms at this CPU's
+# 2-core peak).
+WIDE_TILE_ROWS = 16
+VARIANT_MIN_FLOPS = 2e7
 DEFAULT_SCHEDULE_ATTR = "korch.default_schedule"  # marks a PrimFunc scheduled by this rule
 
 
-def default_schedule(kernel_mod: tvm.IRModule, target, *, register_tiles: bool = True):
+def default_schedule(kernel_mod: tvm.IRModule, target, *, register_tiles: bool = True,
+                     tile_rows: int = TILE_ROWS, vector_outer: bool = False):
     """The schedule of a standalone kernel (`{"main": PrimFunc}`), or None where the rule
     does not apply (the kernel then runs as written). A kernel whose register tile the
     schedule primitives refuse gets the rule without it; `register_tiles=False` asks for that
-    form directly (bench/default_schedule.py compares the two)."""
+    form directly (bench/default_schedule.py compares the forms). `tile_rows` and
+    `vector_outer` give the variants of `default_schedules`."""
     cores = max(1, int(target.attrs.get("num-cores", 1)))
     for tiles in (True, False) if register_tiles else (False,):
         try:
-            return _scheduled(kernel_mod, cores, tiles)
+            return _scheduled(kernel_mod, cores, tile_rows if tiles else 0, vector_outer)
         except Exception as err:  # noqa: BLE001 - a form the rule does not cover
             logger.debug("no CPU default schedule%s: %s", " with register tiles" if tiles else "",
                          error_summary(str(err)))
     return None
 
 
-def _scheduled(kernel_mod: tvm.IRModule, cores: int, register_tiles: bool):
+def default_schedules(kernel_mod: tvm.IRModule, target) -> list:
+    """The rule's schedule and its distinct variants, to be measured and the fastest kept.
+
+    No one register tile wins on every kernel (bench/results/default_schedule.txt, warm cache):
+    up to `WIDE_TILE_ROWS` rows ran BERT's 128x768x3072 matmul in 3.2 instead of 4.2 ms and
+    SegFormer's 4096x256x1024 in 10.1 instead of 13.4, but 128x3072x768 in 5.8 instead of 3.3;
+    with the vector's outer loop outermost (each core keeps a strip of the weights in its cache
+    while it sweeps the rows, instead of streaming all weights once per tile of rows), YOLOv4's
+    3x3 512->1024 conv on a 13x13 map ran in 21 instead of 64 ms, and Candy's NCHW 3x3 in 107
+    instead of 32. So the profiler measures each and the log keeps them all. Kernels under
+    `VARIANT_MIN_FLOPS` get the rule alone (their variants differ by microseconds), and a
+    variant that schedules the kernel exactly like the rule is left out. Empty where the rule
+    does not apply.
+    """
+    from .kernels import kernel_flops
+
+    first = default_schedule(kernel_mod, target)
+    if first is None:
+        return []
+    if kernel_flops(kernel_mod) < VARIANT_MIN_FLOPS:
+        return [first]
+    cores = max(1, int(target.attrs.get("num-cores", 1)))
+    schedules = [first]
+    for tile_rows, vector_outer in ((WIDE_TILE_ROWS, False), (TILE_ROWS, True)):
+        try:  # no fallback to an untiled form here: that is never the faster one
+            variant = _scheduled(kernel_mod, cores, tile_rows, vector_outer)
+        except Exception:  # noqa: BLE001 - a form the variant does not cover
+            continue
+        if not any(tvm_ffi.structural_equal(variant.mod, s.mod) for s in schedules):
+            schedules.append(variant)
+    return schedules
+
+
+def _scheduled(kernel_mod: tvm.IRModule, cores: int, tile_rows: int, vector_outer: bool = False):
+    """The rule on every block; `tile_rows` 0: no register tiles; `vector_outer`: a tiled
+    block's loops in the order (vector's outer loop, other spatial loops)."""
     from tvm.s_tir.dlight.analysis import normalize_prim_func
 
     schedule = tvm.s_tir.Schedule(kernel_mod)
@@ -85,7 +131,7 @@ def _scheduled(kernel_mod: tvm.IRModule, cores: int, register_tiles: bool):
         raise ValueError("the kernel has blocks dlight cannot normalize")
     for block in blocks:
         if _still_there(schedule, block.block_rv):  # not written back by a tile before it
-            _schedule_block(schedule, block, cores, register_tiles)
+            _schedule_block(schedule, block, cores, tile_rows, vector_outer)
     return schedule
 
 
@@ -124,7 +170,8 @@ def _inline_injective(schedule, blocks) -> None:
             inlined = True
 
 
-def _schedule_block(schedule, block, cores: int, register_tiles: bool) -> None:
+def _schedule_block(schedule, block, cores: int, tile_rows: int, vector_outer: bool = False) -> None:
+    """The rule on one block; `tile_rows` 0: no register tile."""
     if any(iterator.kind not in "SR" for iterator in block.iters):
         return  # an opaque iterator: loop order is not ours to change
     spatial = [iterator.loop_rv for iterator in block.iters if iterator.kind == "S"]
@@ -135,8 +182,10 @@ def _schedule_block(schedule, block, cores: int, register_tiles: bool) -> None:
         if width is not None:
             spatial[-1], vector = schedule.split(spatial[-1], [None, width])
     tile = []
-    if register_tiles and reduction and vector is not None:
-        spatial, tile = _register_tile(schedule, block, spatial)
+    if tile_rows and reduction and vector is not None:
+        spatial, tile = _register_tile(schedule, block, spatial, tile_rows)
+        if vector_outer and tile:
+            spatial = [spatial[-1]] + spatial[:-1]
     order = spatial + reduction + tile + ([vector] if vector is not None else [])
     if len(order) > 1:
         schedule.reorder(*order)
@@ -165,13 +214,13 @@ def _schedule_block(schedule, block, cores: int, register_tiles: bool) -> None:
         schedule.decompose_reduction(block.block_rv, reduction[0])
 
 
-def _register_tile(schedule, block, spatial: list) -> tuple[list, list]:
+def _register_tile(schedule, block, spatial: list, tile_rows: int) -> tuple[list, list]:
     """(spatial loops, tile loops): split off `_tile_rows` steps of a loop the vector loads
     do not depend on, so that each vector loaded per reduction step feeds that many
     multiply-adds (a matmul's rows, a convolution's output pixels in NHWC or its output
     channels in NCHW) and a large operand streams through the cache that many times less."""
     row = _row_loop(schedule, block)
-    rows = 1 if row is None else _tile_rows(_extent(schedule, spatial[row]))
+    rows = 1 if row is None else _tile_rows(_extent(schedule, spatial[row]), tile_rows)
     if rows == 1:
         return spatial, []
     spatial = list(spatial)
@@ -223,11 +272,11 @@ def _largest_divisor(extent: int | None, at_most: int) -> int:
                                      if extent % d == 0)
 
 
-def _tile_rows(extent: int | None) -> int:
-    """Rows of a register tile: a divisor of `extent` (no remainder loop), TILE_ROWS at most
+def _tile_rows(extent: int | None, at_most: int = TILE_ROWS) -> int:
+    """Rows of a register tile: a divisor of `extent` (no remainder loop), `at_most` at most
     unless only 1-3 would divide, then up to MAX_TILE_ROWS."""
-    rows = _largest_divisor(extent, TILE_ROWS)
-    return rows if rows >= 4 else _largest_divisor(extent, MAX_TILE_ROWS)
+    rows = _largest_divisor(extent, at_most)
+    return rows if rows >= 4 else _largest_divisor(extent, max(at_most, MAX_TILE_ROWS))
 
 
 def _vector_width(extent: int | None) -> int | None:

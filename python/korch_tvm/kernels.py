@@ -48,6 +48,16 @@ def canonical_prim_func(func: tvm.tirx.PrimFunc) -> tvm.tirx.PrimFunc:
     return func.with_attr("tirx.noalias", True)
 
 
+def kernel_flops(kernel_mod: tvm.IRModule) -> float:
+    """TVM's FLOP estimate of a standalone kernel; 0 where it has none (opaque calls)."""
+    from tvm.s_tir.analysis import estimate_tir_flops
+
+    try:
+        return float(estimate_tir_flops(kernel_mod))
+    except Exception:  # noqa: BLE001 - TVM raises a generic error for what it cannot count
+        return 0.0
+
+
 def is_scheduled(func: tvm.tirx.PrimFunc) -> bool:
     """Whether a PrimFunc carries a schedule (from a tuning record or a default rule)."""
     return func.attrs is not None and bool(func.attrs.get("tirx.is_scheduled", False))

@@ -42,7 +42,7 @@ from .metaschedule_setup import (
     search_strategy,
     skip_gpu_tensor_intrin,
 )
-from .cpu_schedule import default_schedule as cpu_default_schedule
+from .cpu_schedule import default_schedules as cpu_default_schedules
 from .cuda_build import device_present, no_device_reason
 from .pooled_builder import PooledBuilder
 from .target import host_core_count, parse_target
@@ -446,23 +446,24 @@ def _distinct(kernels: Mapping[str, tvm.IRModule]) -> dict[str, list[str]]:
     return groups
 
 
-def _default_schedule(kernel_mod: tvm.IRModule, target):
-    """(module to build, trace to record) for a kernel's default-schedule measurement.
+def _default_schedules(kernel_mod: tvm.IRModule, target) -> list:
+    """[(module to build, trace to record)] for a kernel's default-schedule measurement.
 
-    The schedule the build gives a kernel no tuning record covers, so that the measurement is
-    of the kernel that will run: on the CPU, cpu_schedule's parallel + vectorized form (None:
-    the kernel as written, recorded under the log's default trace); on CUDA, which cannot build
-    unscheduled TIR, the dlight schedule TVM's CUDA pipeline would use. The trace is recorded,
-    so applying the log rebuilds exactly the measured kernel. None when no dlight rule applies
-    (the kernel is then reported as failed, cost inf).
+    The schedules the build gives a kernel no tuning record covers, so that the measurement is
+    of the kernel that will run: on the CPU, cpu_schedule's parallel + vectorized form and its
+    register-tile variant (the faster is kept; `(kernel, None)`: the kernel as written, recorded
+    under the log's default trace); on CUDA, which cannot build unscheduled TIR, the dlight
+    schedule TVM's CUDA pipeline would use. Traces are recorded, so applying the log rebuilds
+    exactly the measured kernel. Empty when no dlight rule applies (the kernel is then reported
+    as failed, cost inf).
     """
     if target.kind.name != "cuda":
-        schedule = cpu_default_schedule(kernel_mod, target)
-        return (kernel_mod, None) if schedule is None else (schedule.mod, schedule.trace)
+        schedules = cpu_default_schedules(kernel_mod, target)
+        return [(s.mod, s.trace) for s in schedules] or [(kernel_mod, None)]
     from .cuda_build import default_schedule
 
     schedule = default_schedule(kernel_mod, target)
-    return None if schedule is None else (schedule.mod, schedule.trace)
+    return [] if schedule is None else [(schedule.mod, schedule.trace)]
 
 
 def _device_type(target) -> str:
@@ -470,7 +471,12 @@ def _device_type(target) -> str:
 
 
 def _measure_defaults(names, kernels, target, tuning_log, builder, runner, deadline, bar):
-    """Build and run each kernel's default schedule once; record every outcome in the log."""
+    """Build and run each kernel's default schedules once; record them, the fastest first.
+
+    The fastest goes first because a kernel's first record is its default-schedule cost
+    (`TuningLog.default_seconds`); every variant that ran is recorded, so the log's best record
+    is the one the build applies. A kernel none of whose schedules ran records one failure.
+    """
     from tvm.s_tir import meta_schedule as ms
 
     costs = {}
@@ -480,53 +486,62 @@ def _measure_defaults(names, kernels, target, tuning_log, builder, runner, deadl
         if time.perf_counter() >= deadline:
             break
         chunk = names[start:start + group]
-        results = {}
         try:
-            schedules = {n: _default_schedule(kernels[n], target) for n in chunk}
-            failed_schedules = {n: "no default GPU schedule" for n in chunk
-                                if schedules[n] is None}
-            built = builder.build([ms.builder.BuilderInput(
-                kernels[n] if schedules[n] is None else schedules[n][0], target) for n in chunk])
+            variants = [(name, module, trace) for name in chunk
+                        for module, trace in _default_schedules(kernels[name], target)]
+            built = builder.build([ms.builder.BuilderInput(module, target)
+                                   for _, module, _ in variants])
         except Exception as err:  # noqa: BLE001 - a builder crash fails this chunk only
             _raise_if_interrupted()
-            schedules, failed_schedules = {}, {}
+            variants = [(name, None, None) for name in chunk]
             built = [ms.builder.BuilderResult(None, f"builder crashed: {err}") for _ in chunk]
+        outcomes = {name: [] for name in chunk}  # name -> [(run_secs or None, error, trace)]
         to_run = []
-        for name, result in zip(chunk, built):
-            if name in failed_schedules:
-                result = ms.builder.BuilderResult(None, failed_schedules[name])
+        for (name, _, trace), result in zip(variants, built):
             if result.error_msg is not None:
-                results[name] = (None, "build failed: " + error_summary(result.error_msg))
+                outcomes[name].append((None, "build failed: " + error_summary(result.error_msg),
+                                       trace))
             else:
                 args = ms.arg_info.ArgInfo.from_prim_func(kernels[name]["main"])
-                to_run.append((name, ms.runner.RunnerInput(result.artifact_path,
-                                                           _device_type(target), args)))
-        futures = runner.run([entry for _, entry in to_run]) if to_run else []
-        for (name, _), future in zip(to_run, futures):
-            outcome = future.result()
-            if outcome.error_msg is not None and _timed_out(outcome.error_msg):
-                # Slow, not broken: a lower bound keeps it usable where nothing else covers its
-                # primitives, makes the solver avoid it elsewhere, and draws the trials to it.
-                results[name] = ([_timeout_seconds(runner)], None)
-                logger.warning("kernel %s timed out in the runner; costed at its time-out "
-                               "(%.0f s, a lower bound)", name, _timeout_seconds(runner))
-            elif outcome.error_msg is not None or not outcome.run_secs:
-                results[name] = (None, "run failed: " + error_summary(outcome.error_msg or "no time"))
-            else:
-                results[name] = ([float(s) for s in outcome.run_secs], None)
+                to_run.append((name, trace, ms.runner.RunnerInput(
+                    result.artifact_path, _device_type(target), args)))
+        futures = runner.run([entry for _, _, entry in to_run]) if to_run else []
+        for (name, trace, _), future in zip(to_run, futures):
+            outcomes[name].append((*_run_outcome(name, future.result(), runner), trace))
         if _ABORT.is_set():  # an aborted run is no failure to record
             _raise_if_interrupted()
         for name in chunk:
-            run_secs, error = results[name]
-            trace = schedules[name][1] if schedules.get(name) is not None else None
-            tuning_log.commit_run(kernels[name], run_secs, trace=trace)
-            if error is not None:
-                logger.warning("kernel %s cannot be costed: %s", name, error)
-                costs[name] = KernelCost(math.inf, "failed", 1, error)
-            else:
-                costs[name] = KernelCost(sum(run_secs) / len(run_secs), "measured", 1)
+            costs[name] = _commit_fastest(tuning_log, kernels[name], name, outcomes[name])
         bar.update(done=len(chunk), stage="measure")
     return costs
+
+
+def _run_outcome(name: str, outcome, runner) -> tuple[list[float] | None, str | None]:
+    """(run seconds, None) or (None, error) of one runner result."""
+    if outcome.error_msg is not None and _timed_out(outcome.error_msg):
+        # Slow, not broken: a lower bound keeps it usable where nothing else covers its
+        # primitives, makes the solver avoid it elsewhere, and draws the trials to it.
+        logger.warning("kernel %s timed out in the runner; costed at its time-out "
+                       "(%.0f s, a lower bound)", name, _timeout_seconds(runner))
+        return [_timeout_seconds(runner)], None
+    if outcome.error_msg is not None or not outcome.run_secs:
+        return None, "run failed: " + error_summary(outcome.error_msg or "no time")
+    return [float(s) for s in outcome.run_secs], None
+
+
+def _commit_fastest(tuning_log: TuningLog, kernel_mod: tvm.IRModule, name: str,
+                    outcomes: list) -> KernelCost:
+    """Record a kernel's measured schedules, fastest first; its cost is the fastest's."""
+    ran = sorted(((sum(secs) / len(secs), secs, trace) for secs, _, trace in outcomes if secs),
+                 key=lambda entry: entry[0])
+    if not ran:
+        error = outcomes[0][1] if outcomes else "no default GPU schedule"
+        tuning_log.commit_run(kernel_mod, None, trace=outcomes[0][2] if outcomes else None)
+        logger.warning("kernel %s cannot be costed: %s", name, error)
+        return KernelCost(math.inf, "failed", 1, error)
+    for _, secs, trace in ran:
+        tuning_log.commit_run(kernel_mod, secs, trace=trace)
+    return KernelCost(ran[0][0], "measured", 1)
 
 
 def _timed_out(error_message: str) -> bool:
