@@ -5,6 +5,7 @@ import math
 import os
 import time
 
+import numpy as np
 import pytest
 import tvm
 import tvm_ffi
@@ -16,7 +17,7 @@ from tvm.support.popen_pool import PopenWorker
 from korch_tvm.cpu_schedule import default_schedules
 from korch_tvm.pooled_builder import PooledBuilder
 from korch_tvm.profiler import (FAILED_ATTEMPTS_KEPT, KernelCost, profile_kernels, rpc_runner,
-                                 tune_kernels)
+                                 tune_kernels, tuned_trials)
 from korch_tvm.target import parse_target
 from korch_tvm.tuning_log import TuningLog
 
@@ -123,6 +124,20 @@ def test_zero_trials_measures_default_schedule_once(tmp_path, capsys):
     assert float(record.run_secs[0]) == pytest.approx(costs["matmul"].seconds, rel=1e-5)
     again = profile_kernels(kernels, TARGET, TuningLog(tmp_path, TARGET), trials=0, progress=False)
     assert all(c.source == "log" and c.trials == 0 for c in again.values())
+
+
+def test_a_large_kernel_keeps_its_fastest_default_schedule_and_no_trials_are_counted(tmp_path):
+    """A 256x256 matmul has three default schedules: all are logged, the fastest first, its
+    cost is the fastest's, and none of them counts as a tuning trial."""
+    kernel = legalized_kernels(256)["matmul"]
+    log = TuningLog(tmp_path, TARGET)
+    cost = profile_kernels({"matmul": kernel}, TARGET, log, trials=0, progress=False)["matmul"]
+    times = [float(np.mean([float(s) for s in record.run_secs]))
+             for record in log.database.get_all_tuning_records()]
+    assert len(times) == len(default_schedules(kernel, TARGET)) == 3
+    assert cost.seconds == pytest.approx(min(times), rel=1e-5) == pytest.approx(times[0], rel=1e-5)
+    assert log.default_seconds(kernel) == pytest.approx(cost.seconds, rel=1e-5)
+    assert tuned_trials(log, kernel) == 0
 
 
 def test_exhausted_time_budget_gives_predictions(tmp_path):

@@ -309,9 +309,12 @@ def trial_allocation(kernels: Mapping[str, tvm.IRModule], shares: Mapping[str, f
 
 
 def tuned_trials(tuning_log: TuningLog, kernel_mod: tvm.IRModule) -> int:
-    """Trials already spent on a kernel: its records beyond the default-schedule measurement,
-    or the trials asked of MetaSchedule when that is more (its search ran out of candidates)."""
-    return max(tuning_log.record_count(kernel_mod) - 1, tuning_log.tuning_attempts(kernel_mod))
+    """Trials already spent on a kernel: its records beyond the default-schedule measurements
+    (one per default schedule), or the trials asked of MetaSchedule when that is more (its
+    search ran out of candidates)."""
+    defaults = max(1, len(_default_schedules(kernel_mod, parse_target(tuning_log.target))))
+    return max(tuning_log.record_count(kernel_mod) - defaults,
+               tuning_log.tuning_attempts(kernel_mod))
 
 
 def tune_kernels(
@@ -450,9 +453,9 @@ def _default_schedules(kernel_mod: tvm.IRModule, target) -> list:
     """[(module to build, trace to record)] for a kernel's default-schedule measurement.
 
     The schedules the build gives a kernel no tuning record covers, so that the measurement is
-    of the kernel that will run: on the CPU, cpu_schedule's parallel + vectorized form and its
-    register-tile variant (the faster is kept; `(kernel, None)`: the kernel as written, recorded
-    under the log's default trace); on CUDA, which cannot build unscheduled TIR, the dlight
+    of the kernel that will run: on the CPU, cpu_schedule's parallel + vectorized form and, for
+    large tiled kernels, its variants (the fastest is kept; `(kernel, None)`: the kernel as
+    written, recorded under the log's default trace); on CUDA, which cannot build unscheduled TIR, the dlight
     schedule TVM's CUDA pipeline would use. Traces are recorded, so applying the log rebuilds
     exactly the measured kernel. Empty when no dlight rule applies (the kernel is then reported
     as failed, cost inf).
