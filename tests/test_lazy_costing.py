@@ -97,3 +97,40 @@ def test_a_measurer_that_cannot_measure_ends_the_loop_with_predictions():
 
     result = solve_lazily(cheapest_plan([{"a"}, {"b"}]), {"a": 1.0, "b": 2.0}, {}, cannot, 0.5)
     assert result.solution == {"a"} and result.known == {} and result.rounds == 1
+
+
+def test_kernels_are_calibrated_by_their_conv_else_their_pool_else_as_memory_bound():
+    """Lazy costing's anchors: a kernel holding the convolution is its sibling, one holding
+    only the max pool is the pool's, and the rest share the memory-bound class."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    from korch_tvm.config import KorchConfig
+    from korch_tvm.frontend import import_onnx
+    from korch_tvm.passes import MEMORY_BOUND, _work_anchors, plan_korch
+
+    weight = numpy_helper.from_array(np.full((8, 8, 1, 1), 0.1, dtype="float32"), "w")
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"]),
+             helper.make_node("Relu", ["c"], ["r"]),
+             helper.make_node("MaxPool", ["r"], ["p"], kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
+             helper.make_node("Sigmoid", ["p"], ["y"])]
+    shape = [1, 8, 6, 6]
+    graph = helper.make_graph(nodes, "conv_pool",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, shape)],
+                              initializer=[weight])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    plan = plan_korch(import_onnx(model), KorchConfig(trials=0, layout="NCHW"), predict_only=True)
+    anchors = _work_anchors(plan.graph, plan.candidates, plan.kept, plan.kernel_keys)
+    expected_kinds = set()
+    for i in plan.kept:
+        if plan.kernel_keys[i] is None:
+            continue
+        ops = {plan.graph.nodes[n].op_name: n for n in plan.candidates[i].nodes}
+        expected = ops.get("relax.nn.conv2d", ops.get("relax.nn.max_pool2d", MEMORY_BOUND))
+        assert expected in anchors[plan.kernel_keys[i]], sorted(ops)
+        expected_kinds.add("conv" if "relax.nn.conv2d" in ops else
+                           "pool" if "relax.nn.max_pool2d" in ops else "memory")
+    assert expected_kinds == {"conv", "pool", "memory"}

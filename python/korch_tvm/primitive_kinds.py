@@ -76,6 +76,9 @@ _OPS_BY_KIND = {
     ],
 }
 
+# Reductions over sliding windows: their work grows with the window, not with the bytes moved.
+POOLING_OPS = frozenset(f"relax.{name}" for name in _OPS_BY_KIND[REDUCE] if "pool" in name)
+
 PRIMITIVE_KIND_BY_OP = {
     f"relax.{short_name}": kind
     for kind, short_names in _OPS_BY_KIND.items()
