@@ -130,14 +130,14 @@ def kernel_features_many(kernel_mods: Sequence[tvm.IRModule], target,
     extractor = ms.feature_extractor.PerStoreFeature()
     rows = []
     for start in range(0, len(kernel_mods), FEATURE_BATCH):
-        batch = range(start, min(start + FEATURE_BATCH, len(kernel_mods)))
-        candidates = [records[i].as_measure_candidate() if records[i] is not None else
-                      ms.MeasureCandidate(tvm.s_tir.Schedule(kernel_mods[i]),
-                                          ms.arg_info.ArgInfo.from_prim_func(kernel_mods[i]["main"]))
-                      for i in batch]
+        batch = list(kernel_mods[start:start + FEATURE_BATCH])
+        candidates = [record.as_measure_candidate() if record is not None else
+                      ms.MeasureCandidate(tvm.s_tir.Schedule(mod),
+                                          ms.arg_info.ArgInfo.from_prim_func(mod["main"]))
+                      for mod, record in zip(batch, records[start:start + FEATURE_BATCH])]
         extracted = extractor.extract_from(context, candidates)
-        rows += [_feature_row(kernel_mods[i], features.numpy(), target)
-                 for i, features in zip(batch, extracted)]
+        rows += [_feature_row(mod, features.numpy(), target)
+                 for mod, features in zip(batch, extracted)]
     return np.stack(rows).astype("float32")
 
 

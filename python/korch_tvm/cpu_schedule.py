@@ -27,8 +27,9 @@ activation: each intermediate that is not a reduction) and gives every block lef
 The rule has two variants for large tiled kernels, a taller register tile and a loop order
 that keeps the weights in cache (`default_schedules`); the profiler measures them all and the
 log keeps the fastest. A kernel the rule cannot handle (dynamic extents, opaque blocks) keeps
-the form it was written in. The returned schedule's trace replays on the kernel, so the profiler records the default
-measurement under it and applying the log rebuilds exactly the kernel that was measured.
+the form it was written in. The returned schedule's trace replays on the kernel, so the
+profiler records the default measurement under it and applying the log rebuilds exactly the
+kernel that was measured.
 """
 
 from __future__ import annotations
@@ -170,7 +171,8 @@ def _inline_injective(schedule, blocks) -> None:
             inlined = True
 
 
-def _schedule_block(schedule, block, cores: int, tile_rows: int, vector_outer: bool = False) -> None:
+def _schedule_block(schedule, block, cores: int, tile_rows: int,
+                    vector_outer: bool = False) -> None:
     """The rule on one block; `tile_rows` 0: no register tile."""
     if any(iterator.kind not in "SR" for iterator in block.iters):
         return  # an opaque iterator: loop order is not ours to change

@@ -455,8 +455,8 @@ def _default_schedules(kernel_mod: tvm.IRModule, target) -> list:
     The schedules the build gives a kernel no tuning record covers, so that the measurement is
     of the kernel that will run: on the CPU, cpu_schedule's parallel + vectorized form and, for
     large tiled kernels, its variants (the fastest is kept; `(kernel, None)`: the kernel as
-    written, recorded under the log's default trace); on CUDA, which cannot build unscheduled TIR, the dlight
-    schedule TVM's CUDA pipeline would use. Traces are recorded, so applying the log rebuilds
+    written, recorded under the log's default trace); on CUDA, which cannot build unscheduled
+    TIR, the dlight schedule TVM's CUDA pipeline would use. Traces are recorded, so applying the log rebuilds
     exactly the measured kernel. Empty when no dlight rule applies (the kernel is then reported
     as failed, cost inf).
     """
