@@ -74,7 +74,7 @@ def default_schedule(kernel_mod: tvm.IRModule, target, *, register_tiles: bool =
     schedule primitives refuse gets the rule without it; `register_tiles=False` asks for that
     form directly (bench/default_schedule.py compares the forms). `tile_rows` and
     `vector_outer` give the variants of `default_schedules`."""
-    cores = max(1, int(target.attrs.get("num-cores", 1)))
+    cores = _cores(target)
     for tiles in (True, False) if register_tiles else (False,):
         try:
             return _scheduled(kernel_mod, cores, tile_rows if tiles else 0, vector_outer)
@@ -105,7 +105,7 @@ def default_schedules(kernel_mod: tvm.IRModule, target) -> list:
         return []
     if kernel_flops(kernel_mod) < VARIANT_MIN_FLOPS:
         return [first]
-    cores = max(1, int(target.attrs.get("num-cores", 1)))
+    cores = _cores(target)
     schedules = [first]
     for tile_rows, vector_outer in ((WIDE_TILE_ROWS, False), (TILE_ROWS, True)):
         try:  # no fallback to an untiled form here: that is never the faster one
@@ -115,6 +115,11 @@ def default_schedules(kernel_mod: tvm.IRModule, target) -> list:
         if not any(tvm_ffi.structural_equal(variant.mod, s.mod) for s in schedules):
             schedules.append(variant)
     return schedules
+
+
+def _cores(target) -> int:
+    """Cores the target's parallel loops are balanced over."""
+    return max(1, int(target.attrs.get("num-cores", 1)))
 
 
 def _scheduled(kernel_mod: tvm.IRModule, cores: int, tile_rows: int, vector_outer: bool = False):
