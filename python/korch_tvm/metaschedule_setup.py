@@ -63,11 +63,18 @@ def local_builder(target, max_workers: int | None = None, timeout_sec: float | N
     )
 
 
-def evaluator_config(number: int = 3, repeat: int = 1, enable_cpu_cache_flush: bool = False):
+def evaluator_config(number: int = 1, repeat: int = 3, enable_cpu_cache_flush: bool = False):
     """Runner settings: a few calls per candidate instead of the default 100 ms minimum.
 
     `enable_cpu_cache_flush=True` times kernels with cold caches, closer to how they run inside
-    a model where the previous kernel evicted their inputs.
+    a model where the previous kernel evicted their inputs. TVM's time evaluator flushes once
+    per *repeat* and then times `number` calls back to back, so the default is one call per
+    sample, three samples: every timed call starts cold. With three calls per sample, two of
+    them found the weights warm and small and mid-sized kernels looked faster than they run
+    among other kernels (bench/results/cold-timing/kernels.txt, ms: a 13x13 1x1 conv 0.031
+    timed so, 0.039 cold, 0.056 after 64 MB of other traffic; a depthwise conv 0.110, 0.180,
+    0.272; BERT's 128x3072x768 matmul 3.11, 3.69, 3.41); compute-bound convolutions do not
+    care.
     """
     from tvm.s_tir import meta_schedule as ms
 
@@ -86,7 +93,8 @@ def search_strategy(population: int = 64):
 
 
 def evaluator_for_target(target, *, cache_flush: bool | None = None):
-    """Runner settings per target: CPU 3 calls with cold caches; CUDA 10 warm calls x 3 samples.
+    """Runner settings per target: CPU 3 cold calls, timed one by one; CUDA 10 warm calls x 3
+    samples.
 
     A GPU kernel takes microseconds and the device has no CPU cache to flush, so more calls per
     sample give a stable number at negligible cost (the time evaluator syncs the stream).
