@@ -95,7 +95,7 @@ def test_corrupt_lines_are_set_aside_and_good_records_kept(tmp_path, caplog):
 
     with caplog.at_level(logging.WARNING, logger="korch_tvm.tuning_log"):
         reopened = TuningLog(tmp_path, TARGET)
-    assert sum("corrupt" in r.message for r in caplog.records) == 4  # 1 workload + 3 records
+    assert sum("a corrupt line" in r.message for r in caplog.records) == 4  # 1 workload + 3 records
     names = list(kernels)
     for i, name in enumerate(names):
         expected = None if i in (1, len(names) - 1) else pytest.approx(1e-5 * (i + 1), rel=1e-5)
@@ -190,3 +190,22 @@ def test_tuning_attempts_add_up_across_writers_and_warn_once_per_corrupt_line(tm
         assert TuningLog(tmp_path, TARGET).tuning_attempts(kernels[0]) == 48
     # read once by each of the two logs that looked, not once per lookup
     assert caplog.text.count("tuning_attempts.json line 4 is corrupt") == 2
+
+
+def test_records_timed_with_warm_caches_are_counted_and_reported(tmp_path, caplog):
+    """A CPU record with fewer than three samples was timed the old way (three calls after one
+    cache flush); opening such a log says so, since those records read faster than new ones."""
+    from korch_tvm.metaschedule_setup import SAMPLES
+
+    kernels = list(small_kernels(sizes=(16,)).values())
+    log = TuningLog(tmp_path, TARGET)
+    log.commit_run(kernels[0], [2e-6] * SAMPLES)
+    log.commit_run(kernels[1], None)  # a failure is no timing
+    with caplog.at_level(logging.WARNING, logger="korch_tvm.tuning_log"):
+        assert TuningLog(tmp_path, TARGET).warm_timed_records() == 0
+    assert not caplog.records
+    log.commit_run(kernels[1], [1e-6])  # one sample: the protocol before 2026-12-01
+    log.commit_run(kernels[0], [1e-6, 1e-6])
+    with caplog.at_level(logging.WARNING, logger="korch_tvm.tuning_log"):
+        assert TuningLog(tmp_path, TARGET).warm_timed_records() == 2
+    assert "2 of 4 records were timed" in caplog.text and "afresh" in caplog.text

@@ -63,7 +63,12 @@ def local_builder(target, max_workers: int | None = None, timeout_sec: float | N
     )
 
 
-def evaluator_config(number: int = 1, repeat: int = 3, enable_cpu_cache_flush: bool = False):
+# Timed samples per measurement on every target; a CPU record with fewer was timed the old way
+# (see evaluator_config; `TuningLog` warns about such records).
+SAMPLES = 3
+
+
+def evaluator_config(number: int = 1, repeat: int = SAMPLES, enable_cpu_cache_flush: bool = False):
     """Runner settings: a few calls per candidate instead of the default 100 ms minimum.
 
     `enable_cpu_cache_flush=True` times kernels with cold caches, closer to how they run inside
@@ -100,7 +105,7 @@ def evaluator_for_target(target, *, cache_flush: bool | None = None):
     sample give a stable number at negligible cost (the time evaluator syncs the stream).
     """
     if target.kind.name == "cuda":
-        return evaluator_config(number=10, repeat=3, enable_cpu_cache_flush=False)
+        return evaluator_config(number=10, repeat=SAMPLES, enable_cpu_cache_flush=False)
     flush = True if cache_flush is None else cache_flush
     return evaluator_config(enable_cpu_cache_flush=flush)
 

@@ -35,6 +35,7 @@ from .errors import error_summary
 from .interrupts import is_plain
 from .interrupts import note as note_ctrl_c
 from .metaschedule_setup import (
+    SAMPLES,
     evaluator_config,
     evaluator_for_target,
     local_builder,
@@ -526,7 +527,7 @@ def _run_outcome(name: str, outcome, runner) -> tuple[list[float] | None, str | 
         # primitives, makes the solver avoid it elsewhere, and draws the trials to it.
         logger.warning("kernel %s timed out in the runner; costed at its time-out "
                        "(%.0f s, a lower bound)", name, _timeout_seconds(runner))
-        return [_timeout_seconds(runner)], None
+        return [_timeout_seconds(runner)] * SAMPLES, None  # as many samples as a run gives
     if outcome.error_msg is not None or not outcome.run_secs:
         return None, "run failed: " + error_summary(outcome.error_msg or "no time")
     return [float(s) for s in outcome.run_secs], None

@@ -180,6 +180,7 @@ class TuningLog:
         with self._locked():
             self._load_all()
         self.database = _LogDatabase(self)
+        self._warn_if_timed_warm()
 
     # ---- public lookups -------------------------------------------------------------------
     def has_record(self, kernel_mod: tvm.IRModule) -> bool:
@@ -280,6 +281,26 @@ class TuningLog:
         secs = list(run_seconds) if run_seconds else [FAILED_RUN_SECONDS]
         args = ms.arg_info.ArgInfo.from_prim_func(kernel_mod["main"])
         self.database.commit_tuning_record(TuningRecord(trace, workload, secs, self.target, args))
+
+    def warm_timed_records(self) -> int:
+        """CPU records timed before every timed call had its own cache flush (one sample of
+        three back-to-back calls, two of them on warm caches): they read faster than a new
+        measurement of the same kernel would."""
+        from .metaschedule_setup import SAMPLES
+
+        if self.target.kind.name != "llvm":
+            return 0
+        return sum(1 for runs in self._table.records.values() for seconds, record in runs
+                   if math.isfinite(seconds) and len(record.run_secs) < SAMPLES)
+
+    def _warn_if_timed_warm(self) -> None:
+        count = self.warm_timed_records()
+        if count:
+            logger.warning("tuning log %s: %d of %d records were timed by an older korch_tvm "
+                           "with warm caches after the first call; they look faster than new "
+                           "measurements, so plans and tuning favour them. Start this log "
+                           "afresh (move the directory away) to compare like with like.",
+                           self.directory, count, self._table.size())
 
     def refresh(self) -> None:
         """Catch up with lines other processes appended since the last look."""
