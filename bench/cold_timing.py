@@ -19,8 +19,6 @@ The last column is what the solver should be told; the closer protocol wins.
 
 from __future__ import annotations
 
-import argparse
-import os
 import statistics
 import time
 
@@ -48,15 +46,11 @@ def timings(library, args, traffic) -> dict[str, float]:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--out", default=None, help="also write the table here")
-    args = parser.parse_args(argv)
-    os.environ["TVM_NUM_THREADS"] = str(args.threads)
+    from default_schedule import arguments, kernels, write_table
 
+    args = arguments(__doc__, argv)  # before TVM starts its thread pool
     import numpy as np
     import tvm
-    from default_schedule import kernels
 
     from korch_tvm.cpu_schedule import WIDE_TILE_ROWS, default_schedule
     from korch_tvm.target import parse_target
@@ -78,9 +72,7 @@ def main(argv=None) -> int:
             row = timings(library, inputs, traffic)
             lines.append(f"{name:46s} {label:8s} " + " ".join(f"{row[c]:13.3f}" for c in columns))
             print(lines[-1], flush=True)
-    if args.out:
-        with open(args.out, "w", encoding="utf-8") as file:
-            file.write("\n".join(lines) + "\n")
+    write_table(lines, args.out)
     return 0
 
 

@@ -79,12 +79,24 @@ def run(mod, target, seed: int = 0):
     return min(timer(*args).results), args[-1].numpy()
 
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def arguments(doc: str, argv=None) -> argparse.Namespace:
+    """--threads (also set as TVM's thread count, before TVM starts its pool) and --out."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--out", default=None, help="also write the table here")
     args = parser.parse_args(argv)
     os.environ["TVM_NUM_THREADS"] = str(args.threads)
+    return args
+
+
+def write_table(lines: list[str], path: str | None) -> None:
+    if path:
+        with open(path, "w", encoding="utf-8") as file:
+            file.write("\n".join(lines) + "\n")
+
+
+def main(argv=None) -> int:
+    args = arguments(__doc__, argv)
 
     import numpy as np
 
@@ -107,9 +119,7 @@ def main(argv=None) -> int:
         lines.append(f"{name:46s} {untiled * 1e3:11.3f} {tiled * 1e3:9.3f} "
                      f"{untiled / tiled:7.2f}x {variants[0] * 1e3:8.3f} {variants[1] * 1e3:16.3f}")
         print(lines[-1], flush=True)
-    if args.out:
-        with open(args.out, "w", encoding="utf-8") as file:
-            file.write("\n".join(lines) + "\n")
+    write_table(lines, args.out)
     return 0
 
 
