@@ -95,7 +95,8 @@ def test_corrupt_lines_are_set_aside_and_good_records_kept(tmp_path, caplog):
 
     with caplog.at_level(logging.WARNING, logger="korch_tvm.tuning_log"):
         reopened = TuningLog(tmp_path, TARGET)
-    assert sum("a corrupt line" in r.message for r in caplog.records) == 4  # 1 workload + 3 records
+    corrupt = sum("a corrupt line" in r.message for r in caplog.records)
+    assert corrupt == 4  # 1 workload + 3 records
     names = list(kernels)
     for i, name in enumerate(names):
         expected = None if i in (1, len(names) - 1) else pytest.approx(1e-5 * (i + 1), rel=1e-5)
@@ -208,4 +209,5 @@ def test_records_timed_with_warm_caches_are_counted_and_reported(tmp_path, caplo
     log.commit_run(kernels[0], [1e-6, 1e-6])
     with caplog.at_level(logging.WARNING, logger="korch_tvm.tuning_log"):
         assert TuningLog(tmp_path, TARGET).warm_timed_records() == 2
-    assert "2 of 4 records were timed" in caplog.text and "afresh" in caplog.text
+        TuningLog(tmp_path, TARGET)  # said once per directory and process
+    assert caplog.text.count("2 of 4 records were timed") == 1 and "afresh" in caplog.text

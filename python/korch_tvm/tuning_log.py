@@ -48,6 +48,7 @@ LOCK_FILE = ".korch.lock"
 ATTEMPTS_FILE = "tuning_attempts.json"
 # MetaSchedule records a failed build/run with this mean time (kMaxMeanTime in its C++ code).
 FAILED_RUN_SECONDS = 1e10
+_WARNED_TIMED_WARM: set[str] = set()  # directories whose warm-timed records were reported
 
 
 @dataclass(frozen=True)
@@ -294,8 +295,12 @@ class TuningLog:
                    if math.isfinite(seconds) and len(record.run_secs) < SAMPLES)
 
     def _warn_if_timed_warm(self) -> None:
+        """Once per directory and process: a compile opens its log several times."""
+        if self.directory in _WARNED_TIMED_WARM:
+            return
         count = self.warm_timed_records()
         if count:
+            _WARNED_TIMED_WARM.add(self.directory)
             logger.warning("tuning log %s: %d of %d records were timed by an older korch_tvm "
                            "with warm caches after the first call; they look faster than new "
                            "measurements, so plans and tuning favour them. Start this log "
