@@ -585,8 +585,11 @@ def _directory_stats(directory: str) -> dict:
                 workload_hash[line_no] = json.loads(line)[0]
             except (ValueError, IndexError, TypeError):
                 corrupt += 1
+    from .metaschedule_setup import SAMPLES
+
     best: dict[str, float] = {}
-    records = failed = 0
+    records = failed = warm_timed = 0
+    cpu = os.path.basename(directory).startswith("llvm")  # the tag names the target kind
     path = os.path.join(directory, RECORD_FILE)
     data = open(path, "rb").read() if os.path.exists(path) else b""
     for line in data.splitlines():
@@ -599,12 +602,14 @@ def _directory_stats(directory: str) -> dict:
             continue
         records += 1
         failed += math.isinf(seconds)
+        warm_timed += cpu and math.isfinite(seconds) and len(record[1]) < SAMPLES
         best[key] = min(best.get(key, math.inf), seconds)
     finite = sorted(s for s in best.values() if math.isfinite(s))
     return {
         "workloads": len(set(workload_hash.values())),
         "records": records,
         "failed_records": failed,
+        "warm_timed_records": warm_timed,  # see TuningLog.warm_timed_records
         "corrupt_lines": corrupt,
         "tuned_workloads": len(best),
         "best_seconds": {
