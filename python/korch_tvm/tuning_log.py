@@ -35,6 +35,7 @@ from tvm.ir.utils import derived_object
 from tvm.s_tir import meta_schedule as ms
 from tvm.s_tir.meta_schedule.database import PyDatabase, TuningRecord, Workload
 
+from .metaschedule_setup import SAMPLES
 from .target import parse_target, target_tag
 
 logger = logging.getLogger("korch_tvm.tuning_log")
@@ -287,8 +288,6 @@ class TuningLog:
         """CPU records timed before every timed call had its own cache flush (one sample of
         three back-to-back calls, two of them on warm caches): they read faster than a new
         measurement of the same kernel would."""
-        from .metaschedule_setup import SAMPLES
-
         if self.target.kind.name != "llvm":
             return 0
         return sum(1 for runs in self._table.records.values() for seconds, record in runs
@@ -585,8 +584,6 @@ def _directory_stats(directory: str) -> dict:
                 workload_hash[line_no] = json.loads(line)[0]
             except (ValueError, IndexError, TypeError):
                 corrupt += 1
-    from .metaschedule_setup import SAMPLES
-
     best: dict[str, float] = {}
     records = failed = warm_timed = 0
     cpu = os.path.basename(directory).startswith("llvm")  # the tag names the target kind
