@@ -457,9 +457,9 @@ def _default_schedules(kernel_mod: tvm.IRModule, target) -> list:
     of the kernel that will run: on the CPU, cpu_schedule's parallel + vectorized form and, for
     large tiled kernels, its variants (the fastest is kept; `(kernel, None)`: the kernel as
     written, recorded under the log's default trace); on CUDA, which cannot build unscheduled
-    TIR, the dlight schedule TVM's CUDA pipeline would use. Traces are recorded, so applying the log rebuilds
-    exactly the measured kernel. Empty when no dlight rule applies (the kernel is then reported
-    as failed, cost inf).
+    TIR, the dlight schedule TVM's CUDA pipeline would use. Traces are recorded, so applying
+    the log rebuilds exactly the measured kernel. Empty when no dlight rule applies (the kernel
+    is then reported as failed, cost inf).
     """
     if target.kind.name != "cuda":
         schedules = cpu_default_schedules(kernel_mod, target)

@@ -68,6 +68,12 @@ def _mean_seconds(run_secs) -> float:
     return sum(values) / len(values)
 
 
+def _timed_warm(cpu: bool, seconds: float, samples: int) -> bool:
+    """Whether a successful CPU record was timed the old way: fewer samples than a run gives
+    now (`SAMPLES`, each call after its own cache flush), so two of its calls ran warm."""
+    return cpu and math.isfinite(seconds) and samples < SAMPLES
+
+
 def _dump_line(value) -> bytes:
     return (json.dumps(value, separators=(",", ":")) + "\n").encode()
 
@@ -288,10 +294,9 @@ class TuningLog:
         """CPU records timed before every timed call had its own cache flush (one sample of
         three back-to-back calls, two of them on warm caches): they read faster than a new
         measurement of the same kernel would."""
-        if self.target.kind.name != "llvm":
-            return 0
-        return sum(1 for runs in self._table.records.values() for seconds, record in runs
-                   if math.isfinite(seconds) and len(record.run_secs) < SAMPLES)
+        cpu = self.target.kind.name == "llvm"
+        return sum(_timed_warm(cpu, seconds, len(record.run_secs))
+                   for runs in self._table.records.values() for seconds, record in runs)
 
     def _warn_if_timed_warm(self) -> None:
         """Once per directory and process: a compile opens its log several times."""
@@ -599,7 +604,7 @@ def _directory_stats(directory: str) -> dict:
             continue
         records += 1
         failed += math.isinf(seconds)
-        warm_timed += cpu and math.isfinite(seconds) and len(record[1]) < SAMPLES
+        warm_timed += _timed_warm(cpu, seconds, len(record[1]))
         best[key] = min(best.get(key, math.inf), seconds)
     finite = sorted(s for s in best.values() if math.isfinite(s))
     return {
