@@ -7,7 +7,8 @@ The stage, per distinct kernel module, in order:
    once and the result recorded: this finds kernels that cannot build or run (cost inf, never
    a crash) and gives every kernel a finite fallback before any tuning starts;
 3. whatever `time_budget` left without a measurement gets a cost-model prediction;
-4. with `trials > 0`, the budget is split where the time goes (`allocate_trials`) and
+4. with `trials > 0`, the budget is split where the time goes and could be saved (each
+   kernel's latency share times its headroom above the floor, `trial_allocation`) and
    MetaSchedule tunes each kernel up to its share; every trial lands in the log through its
    database, and a kernel already tuned that far is not tuned again: its share goes to the
    kernels that are not (`allocate_new_trials`).
@@ -32,6 +33,7 @@ import tvm_ffi
 
 from .config import trial_budget, tunes
 from .errors import error_summary
+from .headroom import kernel_headrooms
 from .interrupts import is_plain
 from .interrupts import note as note_ctrl_c
 from .metaschedule_setup import (
@@ -228,9 +230,9 @@ def profile_kernels(
 ) -> dict[str, KernelCost]:
     """Cost each kernel (`{"main": PrimFunc}` modules); see the module docstring for the order.
 
-    `trials` is the total tuning budget, split by `allocate_trials` in proportion to each
+    `trials` is the total tuning budget, split by `trial_allocation` in proportion to each
     kernel's share of the model's latency (`weights`: how often it runs, times its
-    default-schedule time); `time_budget` (seconds) bounds the whole stage; `runner`/`builder`
+    default-schedule time) times its headroom; `time_budget` (seconds) bounds the whole stage; `runner`/`builder`
     default to this machine; `predictor` defaults to the log's cost model. With
     `trials_per_kernel` the budget is that many per kernel that has a share instead.
     """
@@ -304,8 +306,13 @@ def allocate_new_trials(shares: Mapping[str, float], budget: int, spent: Callabl
 
 def trial_allocation(kernels: Mapping[str, tvm.IRModule], shares: Mapping[str, float],
                      budget: int, tuning_log: TuningLog) -> dict[str, int]:
-    """`allocate_new_trials` against what `tuning_log` holds for each kernel."""
-    return allocate_new_trials(shares, budget,
+    """`allocate_new_trials` against what `tuning_log` holds for each kernel, each latency share
+    weighted by how far the kernel's default schedule is from its floor (headroom.py)."""
+    defaults = {name: tuning_log.default_seconds(kernels[name]) for name in shares}
+    headrooms = kernel_headrooms(kernels, {name: seconds for name, seconds in defaults.items()
+                                           if seconds is not None})
+    savings = {name: share * headrooms.get(name, 1.0) for name, share in shares.items()}
+    return allocate_new_trials(savings, budget,
                                lambda name: tuned_trials(tuning_log, kernels[name]))
 
 
