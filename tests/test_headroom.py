@@ -32,7 +32,7 @@ def matmul_kernel(size: int) -> tvm.IRModule:
 
 def shape(flops: float, bytes_moved: int) -> KernelShape:
     return KernelShape(bytes_in=bytes_moved, bytes_out=0, flops=flops, blocks=1,
-                       reduction_blocks=1, params=2)
+                       reduction_blocks=1, params=2, reduction_flops=flops)
 
 
 def test_roofline_is_the_best_rates_and_the_least_time():
@@ -53,7 +53,7 @@ def test_roofline_is_the_best_rates_and_the_least_time():
 def test_kernel_headrooms_read_flops_and_bytes_from_the_kernels():
     kernels = {"small": matmul_kernel(32), "large": matmul_kernel(64)}
     small, large = kernel_shape(kernels["small"]), kernel_shape(kernels["large"])
-    assert (small.flops, large.flops) == (2 * 32**3, 2 * 64**3)
+    assert (small.reduction_flops, large.reduction_flops) == (2 * 32**3, 2 * 64**3)
     # the large matmul runs at a quarter of the small one's FLOP rate: 3/4 of its time is headroom
     seconds = {"small": 1e-5, "large": 4 * 8 * 1e-5}
     headrooms = kernel_headrooms(kernels, seconds)

@@ -65,6 +65,10 @@ class KernelShape:
     blocks: int
     reduction_blocks: int
     params: int
+    # 2 x the iterations of the reduction blocks: the multiply-adds of a conv or matmul, what
+    # a FLOP peak is stated in. `flops` also counts every min/max/floor of elementwise math
+    # (a fast exp is ~40), which makes an activation look faster than the FMA peak.
+    reduction_flops: float = 0.0
 
 
 def kernel_shape(kernel_mod: tvm.IRModule) -> KernelShape:
@@ -85,9 +89,12 @@ def kernel_shape(kernel_mod: tvm.IRModule) -> KernelShape:
             bytes_out += size
         else:
             bytes_in += size
-    reductions = sum(any(int(iv.iter_type) == 2 for iv in block.iter_vars) for block in blocks)
-    return KernelShape(bytes_in, bytes_out, kernel_flops(kernel_mod), len(blocks), reductions,
-                       len(func.params))
+    reducing = [block for block in blocks
+                if any(int(iv.iter_type) == 2 for iv in block.iter_vars)]
+    reduction_flops = sum(2.0 * math.prod(int(iv.dom.extent) for iv in block.iter_vars)
+                          for block in reducing)
+    return KernelShape(bytes_in, bytes_out, kernel_flops(kernel_mod), len(blocks), len(reducing),
+                       len(func.params), reduction_flops)
 
 
 def analytic_estimate(kernel_mod: tvm.IRModule, target="llvm") -> float:
