@@ -53,7 +53,8 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
                              "schedules)")
     parser.add_argument("--trials-per-kernel", type=int, default=None, metavar="N",
                         help="instead of --trials: N trials per kernel that gets tuned (the "
-                             "total, N times the kernels, is still split by latency share)")
+                             "total, N times the kernels, is still split by latency share and "
+                             "headroom)")
     parser.add_argument("--time-budget", type=float, default=None, metavar="SECONDS",
                         help="bound on the costing stage; kernels not costed in time use the "
                              "cost model's prediction")

@@ -23,7 +23,8 @@ class KorchConfig:
     tuning_logs: str | None = None
     trials: int = 0
     # Instead of a total: this many trials per kernel that gets tuned (the budget is this times
-    # the number of kernels, still split by latency share). MetaSchedule users think per task.
+    # the number of kernels, still split by latency share and headroom). MetaSchedule users
+    # think per task.
     trials_per_kernel: int | None = None
     time_budget: float | None = None
     # Candidates per primitive grow from 7.0 (6) to 10.1 (8) on SegFormer-b0 (candidates.py), and
