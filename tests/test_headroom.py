@@ -17,13 +17,13 @@ from korch_tvm.tuning_log import TuningLog
 TARGET = parse_target({"kind": "llvm", "num-cores": 2})
 
 
-def matmul_kernel(size: int) -> tvm.IRModule:
-    """A legalized `size`x`size` matmul as a standalone `main` PrimFunc."""
+def legalized_kernel(size: int, op=relax.op.matmul) -> tvm.IRModule:
+    """`op(x, x)` of a `size`x`size` matrix, legalized, as a standalone `main` PrimFunc."""
     bb = relax.BlockBuilder()
     x = relax.Var("x", relax.TensorType((size, size), "float32"))
     with bb.function("main", [x]):
         with bb.dataflow():
-            out = bb.emit_output(bb.emit(relax.op.matmul(x, x)))
+            out = bb.emit_output(bb.emit(op(x, x)))
         bb.emit_func_output(out)
     mod = relax.transform.LegalizeOps()(bb.get())
     (func,) = [f for _, f in mod.functions_items() if isinstance(f, tvm.tirx.PrimFunc)]
@@ -51,9 +51,12 @@ def test_roofline_is_the_best_rates_and_the_least_time():
 
 
 def test_kernel_headrooms_read_flops_and_bytes_from_the_kernels():
-    kernels = {"small": matmul_kernel(32), "large": matmul_kernel(64)}
+    kernels = {"small": legalized_kernel(32), "large": legalized_kernel(64)}
     small, large = kernel_shape(kernels["small"]), kernel_shape(kernels["large"])
     assert (small.reduction_flops, large.reduction_flops) == (2 * 32**3, 2 * 64**3)
+    # elementwise math is not multiply-adds: it never sets the roofline's FLOP rate
+    elementwise = kernel_shape(legalized_kernel(64, relax.op.add))
+    assert elementwise.flops > 0 and elementwise.reduction_flops == 0
     # the large matmul runs at a quarter of the small one's FLOP rate: 3/4 of its time is headroom
     seconds = {"small": 1e-5, "large": 4 * 8 * 1e-5}
     headrooms = kernel_headrooms(kernels, seconds)
@@ -65,7 +68,7 @@ def test_trials_go_where_time_can_be_saved(tmp_path):
     """Two kernels with the same latency share: the one already on the roofline gets the
     minimum, the one four times above its floor the rest; the split is read from the log's
     default-schedule records, so a re-run sees the same allocation."""
-    kernels = {"small": matmul_kernel(32), "large": matmul_kernel(64)}
+    kernels = {"small": legalized_kernel(32), "large": legalized_kernel(64)}
     log = TuningLog(tmp_path, TARGET)
     log.commit_run(kernels["small"], [1e-5] * SAMPLES)
     log.commit_run(kernels["large"], [32e-5] * SAMPLES)

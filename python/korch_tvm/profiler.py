@@ -232,8 +232,9 @@ def profile_kernels(
 
     `trials` is the total tuning budget, split by `trial_allocation` in proportion to each
     kernel's share of the model's latency (`weights`: how often it runs, times its
-    default-schedule time) times its headroom; `time_budget` (seconds) bounds the whole stage; `runner`/`builder`
-    default to this machine; `predictor` defaults to the log's cost model. With
+    default-schedule time) times its headroom; `time_budget` (seconds) bounds the whole
+    stage; `runner`/`builder` default to this machine; `predictor` defaults to the log's cost
+    model. With
     `trials_per_kernel` the budget is that many per kernel that has a share instead.
     """
     started = time.perf_counter()
