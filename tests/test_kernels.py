@@ -11,7 +11,8 @@ from korch_tvm.candidates import KernelRules, enumerate_candidates
 from korch_tvm.kernels import (_remap, candidate_io, candidate_kernel, canonical_prim_func,
                                distinct_kernels, kernel_module, structural_key)
 from korch_tvm.primitive_graph import PrimitiveGraph
-from test_primitive_graph import SEQ, HIDDEN, transformer_module
+from korch_tvm.rewrite import share_identical_kernels
+from test_primitive_graph import SEQ, HIDDEN, assert_same_outputs, transformer_module
 
 
 @pytest.fixture(scope="module")
@@ -85,6 +86,34 @@ def test_partition_kernels_have_the_candidate_keys(two_layers):
     for g, group in enumerate(stock):
         func = built[f"korch_k{g}"]
         assert structural_key(kernel_module(func)) == key_of[group], f"group {g}"
+
+
+def test_identical_kernels_share_one_primfunc(two_layers):
+    """The two layers have the same shapes, so most of the second layer's kernels are the
+    first's (their weights differ, but they are call arguments): one PrimFunc is kept for
+    each distinct kernel, every call goes to it, and the module computes the same."""
+    graph, _, _ = two_layers
+    built = graph.build_partition_module(list(graph.stock_fusion_groups()))
+    shared = share_identical_kernels(built)
+
+    def kernels(mod):
+        return {gv.name_hint: f for gv, f in mod.functions_items()
+                if isinstance(f, tvm.tirx.PrimFunc)}
+
+    distinct = {tvm_ffi.structural_hash(f) for f in kernels(built).values()}
+    assert len(kernels(shared)) == len(distinct) < len(kernels(built))
+    called = set()
+
+    def visit(expr):
+        if isinstance(expr, relax.Call) and expr.args and isinstance(expr.args[0],
+                                                                     tvm.ir.GlobalVar):
+            called.add(expr.args[0].name_hint)
+
+    relax.analysis.post_order_visit(shared["main"], visit)
+    assert called == set(kernels(shared))  # no call left to a dropped copy, none unused
+    x = np.random.default_rng(0).standard_normal((SEQ, HIDDEN)).astype("float32")
+    assert_same_outputs(shared, built, [x])
+    assert share_identical_kernels(shared) is shared  # nothing left to share
 
 
 def test_key_is_what_metaschedule_looks_up(two_layers):

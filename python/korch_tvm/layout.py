@@ -72,20 +72,30 @@ def _call_sites(mod: tvm.IRModule) -> dict:
 
 @relax.expr_functor.mutator
 class _RedirectCalls(relax.PyExprMutator):
-    """Point each call_tir at the copy of its callee marked for the call's constant positions."""
+    """Point each call_tir at `target_of(call)`, where that is not None."""
 
-    def __init__(self, mod: tvm.IRModule, copies: dict):
+    def __init__(self, mod: tvm.IRModule, target_of):
         super().__init__(mod)
-        self.copies = copies  # (callee GlobalVar, constant positions) -> copy's GlobalVar
+        self.target_of = target_of
 
     def visit_call_(self, call):
         call = self.visit_expr_post_order(call)
         if not call.op.same_as(CALL_TIR):
             return call
-        target = self.copies.get((call.args[0], constant_arg_indices(call)))
+        target = self.target_of(call)
         if target is None:
             return call
         return relax.Call(call.op, [target, *call.args[1:]], call.attrs, call.ty_args)
+
+
+def redirect_calls(mod: tvm.IRModule, target_of) -> tvm.IRModule:
+    """`mod` with each call_tir of its Relax functions calling `target_of(call)` (a GlobalVar
+    of `mod`) instead of its callee, where that is not None."""
+    redirect = _RedirectCalls(mod, target_of)
+    for global_var, func in mod.functions_items():
+        if isinstance(func, relax.Function):
+            redirect.builder_.update_func(global_var, redirect.visit_expr(func))
+    return redirect.builder_.get()
 
 
 def mark_layout_free_weights(mod: tvm.IRModule) -> tvm.IRModule:
@@ -106,12 +116,8 @@ def mark_layout_free_weights(mod: tvm.IRModule) -> tvm.IRModule:
             copies[(callee, indices)] = builder.add_func(copy, f"{callee.name_hint}_lf{k}")
     if not copies:
         return updated
-    updated = builder.get()
-    redirect = _RedirectCalls(updated, copies)
-    for global_var, func in updated.functions_items():
-        if isinstance(func, relax.Function):
-            redirect.builder_.update_func(global_var, redirect.visit_expr(func))
-    result = redirect.builder_.get()
+    result = redirect_calls(builder.get(),
+                            lambda call: copies.get((call.args[0], constant_arg_indices(call))))
     for global_var, func in result.functions_items():  # the marker only defeated add_func's dedup
         if isinstance(func, tvm.tirx.PrimFunc) and "korch_layout_copy" in func.attrs:
             result[global_var] = func.without_attr("korch_layout_copy")
