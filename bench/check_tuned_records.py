@@ -79,6 +79,8 @@ def _input_count(kernel_mod) -> int:
 
 
 def main(argv=None) -> int:
+    from default_schedule import write_table
+
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("log_root")
     parser.add_argument("--target", default="llvm")
@@ -107,9 +109,7 @@ def main(argv=None) -> int:
             print(lines[-1], flush=True)
     lines.append(f"{checked} tuned kernels checked, {wrong} wrong")
     print(lines[-1])
-    if args.out:
-        with open(args.out, "w", encoding="utf-8") as file:
-            file.write("\n".join(lines) + "\n")
+    write_table(lines, args.out)
     return 0
 
 

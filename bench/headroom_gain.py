@@ -51,6 +51,8 @@ def band_lines(rows: list[tuple[float, float]]) -> list[str]:
 
 
 def main(argv=None) -> int:
+    from default_schedule import write_table
+
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("log_roots", nargs="+")
     parser.add_argument("--min-records", type=int, default=8)
@@ -66,9 +68,7 @@ def main(argv=None) -> int:
                  *band_lines(rows)]
         print("\n".join(block), flush=True)
         lines += block
-    if args.out:
-        with open(args.out, "w", encoding="utf-8") as file:
-            file.write("\n".join(lines) + "\n")
+    write_table(lines, args.out)
     return 0
 
 
