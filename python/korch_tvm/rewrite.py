@@ -1,4 +1,4 @@
-"""Plan -> Relax module: a fused kernel per chosen candidate (equal ones shared), tuned.
+"""Plan -> Relax module: a fused kernel per chosen candidate (equal ones shared), scheduled.
 
 The kernels of the rebuilt `main` must be structurally the standalone kernels that were tuned,
 or the tuning log would not find them; so every fused PrimFunc is put in the canonical form
