@@ -41,6 +41,7 @@ def check_kernel(kernel_mod, record, target, seed: int = 0) -> float | None:
     import tvm
 
     from korch_tvm.cpu_schedule import default_schedule
+    from korch_tvm.kernels import written_params
 
     schedule = tvm.s_tir.Schedule(kernel_mod)
     record.trace.apply_to_schedule(schedule, remove_postproc=False)
@@ -53,7 +54,7 @@ def check_kernel(kernel_mod, record, target, seed: int = 0) -> float | None:
     func = kernel_mod["main"]
     rng = np.random.default_rng(seed)
     inputs = [rng.standard_normal([int(dim) for dim in param.ty.shape]).astype("float32")
-              for param in func.params[:_input_count(kernel_mod)]]
+              for param in func.params[:written_params(kernel_mod).count(False)]]
     worst = 0.0
     for got, want in zip(outputs(tuned, kernel_mod, inputs), outputs(default, kernel_mod, inputs)):
         if np.isnan(got).any() and not np.isnan(want).any():
@@ -61,21 +62,6 @@ def check_kernel(kernel_mod, record, target, seed: int = 0) -> float | None:
         scale = float(np.nanmax(np.abs(want))) or 1.0
         worst = max(worst, float(np.nanmax(np.abs(got - want))) / scale)
     return worst
-
-
-def _input_count(kernel_mod) -> int:
-    """Parameters the kernel only reads (they come first; the written ones follow)."""
-    import tvm
-
-    func = kernel_mod["main"]
-    schedule = tvm.s_tir.Schedule(kernel_mod)
-    blocks, pending = [], [schedule.get_sblock("root", func_name="main")]
-    while pending:
-        children = schedule.get_child_blocks(pending.pop())
-        blocks += [schedule.get(child) for child in children]
-        pending += list(children)
-    written = [region.source for block in blocks for region in block.writes]
-    return sum(not any(param.same_as(source) for source in written) for param in func.params)
 
 
 def main(argv=None) -> int:

@@ -18,7 +18,7 @@ import numpy as np
 import tvm
 
 from .errors import KorchError
-from .kernels import kernel_flops
+from .kernels import kernel_blocks, kernel_flops, written_params
 from .metaschedule_setup import prepare_for_target
 from .prediction_cache import PredictionCache, file_digest
 from .target import host_core_count, parse_target
@@ -74,18 +74,11 @@ class KernelShape:
 def kernel_shape(kernel_mod: tvm.IRModule) -> KernelShape:
     """Bytes in/out (params read / written by some block), FLOPs and block counts."""
     func = kernel_mod["main"]
-    schedule = tvm.s_tir.Schedule(kernel_mod)
-    blocks = []
-    pending = [schedule.get_sblock("root", func_name="main")]
-    while pending:
-        children = schedule.get_child_blocks(pending.pop())
-        blocks += [schedule.get(child) for child in children]
-        pending += list(children)
-    written = [region.source for block in blocks for region in block.writes]
+    blocks = kernel_blocks(kernel_mod)
     bytes_in = bytes_out = 0
-    for param in func.params:
+    for param, written in zip(func.params, written_params(kernel_mod, blocks)):
         size = math.prod(int(dim) for dim in param.shape) * tvm.DataType(str(param.dtype)).bits // 8
-        if any(param.same_as(source) for source in written):
+        if written:
             bytes_out += size
         else:
             bytes_in += size

@@ -31,6 +31,7 @@ import tvm
 from tvm import relax
 
 from .candidates import Candidate, KernelRules
+from .kernels import kernel_blocks
 from .primitive_graph import CALL_TIR, PrimitiveGraph
 
 DEFAULT_SHARED_MEMORY_BYTES = 48 * 1024
@@ -158,20 +159,14 @@ def _node_prim_func(graph: PrimitiveGraph, index: int):
 
 def _largest_reduction(func) -> tuple[int | None, int]:
     """(largest product of reduction extents over the blocks, bits of what that block writes)."""
-    schedule = tvm.s_tir.Schedule(tvm.IRModule({"main": func}))
-    pending = [schedule.get_sblock("root", func_name="main")]
     best, bits = None, 32
-    while pending:
-        children = schedule.get_child_blocks(pending.pop())
-        pending += list(children)
-        for child in children:
-            block = schedule.get(child)
-            extents = [iv.dom.extent for iv in block.iter_vars if int(iv.iter_type) == 2]
-            if not extents or not all(isinstance(e, tvm.tirx.IntImm) for e in extents):
-                continue
-            size = math.prod(int(e) for e in extents)
-            if best is None or size > best:
-                best = size
-                if block.writes:
-                    bits = tvm.DataType(str(block.writes[0].source.dtype)).bits
+    for block in kernel_blocks(tvm.IRModule({"main": func})):
+        extents = [iv.dom.extent for iv in block.iter_vars if int(iv.iter_type) == 2]
+        if not extents or not all(isinstance(e, tvm.tirx.IntImm) for e in extents):
+            continue
+        size = math.prod(int(e) for e in extents)
+        if best is None or size > best:
+            best = size
+            if block.writes:
+                bits = tvm.DataType(str(block.writes[0].source.dtype)).bits
     return best, bits

@@ -58,6 +58,26 @@ def kernel_flops(kernel_mod: tvm.IRModule) -> float:
         return 0.0
 
 
+def kernel_blocks(kernel_mod: tvm.IRModule) -> list:
+    """Every block of the kernel's `main`, nested ones included (the root left out)."""
+    schedule = tvm.s_tir.Schedule(kernel_mod)
+    blocks, pending = [], [schedule.get_sblock("root", func_name="main")]
+    while pending:
+        children = schedule.get_child_blocks(pending.pop())
+        blocks += [schedule.get(child) for child in children]
+        pending += list(children)
+    return blocks
+
+
+def written_params(kernel_mod: tvm.IRModule, blocks: Sequence | None = None) -> list[bool]:
+    """For each parameter of `main`, whether some block writes it (an output)."""
+    written = [region.source for block in (blocks if blocks is not None
+                                           else kernel_blocks(kernel_mod))
+               for region in block.writes]
+    return [any(param.same_as(source) for source in written)
+            for param in kernel_mod["main"].params]
+
+
 def is_scheduled(func: tvm.tirx.PrimFunc) -> bool:
     """Whether a PrimFunc carries a schedule (from a tuning record or a default rule)."""
     return func.attrs is not None and bool(func.attrs.get("tirx.is_scheduled", False))

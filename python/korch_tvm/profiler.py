@@ -234,8 +234,8 @@ def profile_kernels(
     kernel's share of the model's latency (`weights`: how often it runs, times its
     default-schedule time) times its headroom; `time_budget` (seconds) bounds the whole
     stage; `runner`/`builder` default to this machine; `predictor` defaults to the log's cost
-    model. With
-    `trials_per_kernel` the budget is that many per kernel that has a share instead.
+    model. With `trials_per_kernel` the budget is that many per kernel that has a share
+    instead.
     """
     started = time.perf_counter()
     costs = measure_kernels(kernels, target, tuning_log, time_budget=time_budget, runner=runner,
