@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import os
 import sys
 
@@ -141,7 +142,12 @@ def build_parser() -> argparse.ArgumentParser:
     logs_parser.add_argument("--train", action="store_true",
                              help="(re)train the cost model of --target's log from its records "
                                   "and save it beside them")
-    logs_parser.add_argument("--target", default="llvm", help="target whose log to train on")
+    logs_parser.add_argument("--check", action="store_true",
+                             help="run each kernel's fastest tuned records against the kernel "
+                                  "as written and set aside the wrong ones (for logs tuned "
+                                  "before korch_tvm checked records as it tuned them)")
+    logs_parser.add_argument("--target", default="llvm",
+                             help="target whose log to train on or check")
     return parser
 
 
@@ -248,7 +254,32 @@ def _command_logs(args) -> int:
               f"{stats['spearman']:.3f}, median relative error "
               f"{stats['median_relative_error']:.2f} on {stats['count']} kernels")
         return 0
+    if args.check:
+        return _check_log(TuningLog(args.directory, args.target))
     print(json.dumps(log_stats(args.directory), indent=2, sort_keys=True))
+    return 0
+
+
+def _check_log(log) -> int:
+    """`logs --check`: every kernel's records, fastest first, until one is right."""
+    from .kernels import structural_key
+    from .profiler import set_aside_wrong_records
+    from .record_check import can_check
+    from .tuning_log import RECORD_FILE
+
+    if not can_check(log.target):
+        raise KorchError(f"records for {log.target} cannot run on this machine; check them "
+                         "where they were tuned")
+    kernels = [logged for logged in log.kernels() if math.isfinite(logged.best_seconds)]
+    wrong = 0
+    for number, logged in enumerate(kernels, 1):
+        wrong += set_aside_wrong_records(log, logged.kernel, log.target,
+                                         f"kernel {structural_key(logged.kernel)}")
+        if number % 20 == 0 or number == len(kernels):
+            print(f"checked {number}/{len(kernels)} kernels, {wrong} wrong record(s) so far",
+                  file=sys.stderr, flush=True)
+    print(f"{len(kernels)} kernels checked; {wrong} wrong record(s) moved to "
+          f"{os.path.join(log.directory, RECORD_FILE)}.rejected")
     return 0
 
 

@@ -178,7 +178,23 @@ def _mismatch_message(verification, plan, source, target, tolerance) -> str:
     nodes = sorted(plan.chosen_groups[index])
     ops = " + ".join(plan.graph.nodes[i].op_name.removeprefix("relax.") for i in nodes)
     return message + (f"; the first kernel whose output differs is k{index} ({ops}, primitives "
-                      f"{','.join(map(str, nodes))})")
+                      f"{','.join(map(str, nodes))})") + _wrong_record_note(plan, nodes, target)
+
+
+def _wrong_record_note(plan, nodes, target) -> str:
+    """Check the mismatching kernel's tuned records (a log tuned before records were checked
+    may hold wrong ones) and say what was set aside."""
+    from .kernels import candidate_kernel
+    from .profiler import set_aside_wrong_records
+
+    if not all(plan.graph.nodes[i].fusible for i in nodes):
+        return ""
+    log = plan.tuning_log
+    if not set_aside_wrong_records(log, candidate_kernel(plan.graph, nodes), target):
+        return ""
+    return ("; its fastest tuned schedule computes something else and is now set aside in the "
+            f"log, so compile again (`korch-tvm logs {os.path.dirname(log.directory)} --check` "
+            "checks every kernel's)")
 
 
 def _stock_fallback(source, config, tolerance, reason, report):

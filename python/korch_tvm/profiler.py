@@ -11,7 +11,8 @@ The stage, per distinct kernel module, in order:
    kernel's latency share times its headroom above the floor, `trial_allocation`) and
    MetaSchedule tunes each kernel up to its share; every trial lands in the log through its
    database, and a kernel already tuned that far is not tuned again: its share goes to the
-   kernels that are not (`allocate_new_trials`).
+   kernels that are not (`allocate_new_trials`); each kernel's new fastest records are then
+   run against the kernel as written and the wrong ones set aside (`set_aside_wrong_records`).
 """
 
 from __future__ import annotations
@@ -48,8 +49,9 @@ from .metaschedule_setup import (
 from .cpu_schedule import default_schedules as cpu_default_schedules
 from .cuda_build import device_present, no_device_reason
 from .pooled_builder import PooledBuilder
+from .record_check import can_check, first_correct
 from .target import host_core_count, parse_target
-from .tuning_log import TuningLog
+from .tuning_log import RECORD_FILE, TuningLog
 
 logger = logging.getLogger("korch_tvm.profiler")
 metaschedule_logger = logging.getLogger("korch_tvm.metaschedule")
@@ -583,6 +585,8 @@ def _tune(names, kernels, target, tuning_log, builder, runner, per_task, deadlin
         done = {n: tuning_log.record_count(kernels[n]) - before[n] for n in chunk}
         for name in chunk:
             tuning_log.add_tuning_attempts(kernels[name], per_task)
+            if done[name]:
+                set_aside_wrong_records(tuning_log, kernels[name], target, name, before[name])
         if sum(done.values()):
             seconds_per_trial = (time.perf_counter() - began) / sum(done.values())
         for name in chunk:
@@ -590,6 +594,24 @@ def _tune(names, kernels, target, tuning_log, builder, runner, per_task, deadlin
             costs[name] = KernelCost(best, "tuned", done[name], errors.get(name))
         bar.update(done=len(chunk), trials=sum(done.values()), stage="tune")
     return costs
+
+
+def set_aside_wrong_records(tuning_log: TuningLog, kernel_mod: tvm.IRModule, target,
+                            name: str = "kernel", since: int = 0) -> int:
+    """Check the kernel's records logged from the `since`-th on that beat the earlier ones,
+    fastest first, and take the wrong ones out of the log, until one is right (see
+    record_check: MetaSchedule keeps the fastest schedule even if it computes something else).
+    Records logged before `since` were checked when they were tuned. Returns how many went."""
+    if not can_check(target):
+        return 0
+    wrong, verdicts = first_correct(kernel_mod, tuning_log.ranked_records(kernel_mod, since),
+                                    target, name)
+    for record, verdict in zip(wrong, verdicts):
+        logger.warning("%s: a tuned schedule (%.4g ms) %s; set aside in %s.rejected", name,
+                       1e3 * sum(float(s) for s in record.run_secs) / len(record.run_secs),
+                       verdict.describe(), RECORD_FILE)
+    tuning_log.set_aside(kernel_mod, wrong)
+    return len(wrong)
 
 
 def _tune_group(names, kernels, target, tuning_log, builder, runner, per_task, seed):

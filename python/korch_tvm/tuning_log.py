@@ -13,6 +13,9 @@ can use, merge and share the files. Three things the stock database does not do,
   middle is replaced by a copy of a good one so that every other line keeps its number.
 * **Read-only directories.** Records already there are used; new ones are kept in memory and a
   warning says they will not be saved (a shared, committed log stays usable, never half-written).
+* **Wrong records.** A record found to compute something other than its kernel
+  (`record_check.py`) is moved out of the record file into `<file>.rejected` (`set_aside`),
+  so neither korch_tvm nor stock MetaSchedule builds it again.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import tvm
 import tvm_ffi
@@ -50,6 +54,14 @@ ATTEMPTS_FILE = "tuning_attempts.json"
 # MetaSchedule records a failed build/run with this mean time (kMaxMeanTime in its C++ code).
 FAILED_RUN_SECONDS = 1e10
 _WARNED_TIMED_WARM: set[str] = set()  # directories whose warm-timed records were reported
+
+
+class _Run(NamedTuple):
+    """One record of a workload: its mean time and its line in the record file."""
+
+    seconds: float
+    record: TuningRecord
+    file_line: int
 
 
 @dataclass(frozen=True)
@@ -102,6 +114,12 @@ def _record_json(record: TuningRecord):
     return plain(database_api.TuningRecordAsJSON(record))
 
 
+def _record_key(record: TuningRecord) -> str:
+    """A record's schedule and times as one string: equal for the same line read twice."""
+    trace, run_secs = _record_json(record)[:2]
+    return json.dumps([trace, run_secs])
+
+
 def _split_lines(data: bytes) -> tuple[list[bytes], bytes]:
     """Complete lines (without newline) and the unterminated tail, if any."""
     *lines, tail = data.split(b"\n")
@@ -123,7 +141,8 @@ class _Table:
         self.workloads: dict[int, Workload] = {}  # line number -> workload
         self.canonical: dict[int, int] = {}  # line number -> first line of an equal workload
         self.by_hash: dict[int, list[int]] = {}  # structural hash -> canonical line numbers
-        self.records: dict[int, list[tuple[float, TuningRecord]]] = {}  # canonical line -> runs
+        self.records: dict[int, list[_Run]] = {}  # canonical line -> runs, in file order
+        self.record_lines = 0  # records added so far: the next one's line in the record file
 
     def find(self, mod: tvm.IRModule) -> int | None:
         """Canonical line number of the workload structurally equal to `mod`."""
@@ -142,14 +161,28 @@ class _Table:
 
     def add_record(self, line: int, record: TuningRecord) -> None:
         runs = self.records.setdefault(self.canonical[line], [])
-        runs.append((_mean_seconds(record.run_secs), record))
+        runs.append(_Run(_mean_seconds(record.run_secs), record, self.record_lines))
+        self.record_lines += 1
+
+    def runs(self, mod: tvm.IRModule) -> list[_Run]:
+        line = self.find(mod)
+        return [] if line is None else self.records.get(line, [])
+
+    def drop_records(self, file_lines: set[int]) -> None:
+        """Forget the records at these lines; later lines move up as in the rewritten file."""
+        def moved(line: int) -> int:
+            return line - sum(gone < line for gone in file_lines)
+
+        for canonical, runs in self.records.items():
+            self.records[canonical] = [run._replace(file_line=moved(run.file_line))
+                                       for run in runs if run.file_line not in file_lines]
+        self.record_lines -= len(file_lines)
 
     def top_k(self, mod: tvm.IRModule, k: int, keep=lambda record: True) -> list[TuningRecord]:
-        line = self.find(mod)
-        runs = [] if line is None else self.records.get(line, [])
-        ranked = sorted((run for run in runs if math.isfinite(run[0]) and keep(run[1])),
-                        key=lambda run: run[0])
-        return [record for _, record in ranked[:k]]
+        ranked = sorted((run for run in self.runs(mod)
+                         if math.isfinite(run.seconds) and keep(run.record)),
+                        key=lambda run: run.seconds)
+        return [run.record for run in ranked[:k]]
 
     def size(self) -> int:
         return sum(len(runs) for runs in self.records.values())
@@ -197,15 +230,13 @@ class TuningLog:
 
     def record_count(self, kernel_mod: tvm.IRModule) -> int:
         self.refresh()
-        line = self._table.find(kernel_mod)
-        return 0 if line is None else len(self._table.records.get(line, []))
+        return len(self._table.runs(kernel_mod))
 
     def best_seconds(self, kernel_mod: tvm.IRModule) -> float | None:
         """Best mean run time; None without records, math.inf when every record failed."""
         self.refresh()
-        line = self._table.find(kernel_mod)
-        runs = [] if line is None else self._table.records.get(line, [])
-        return min(seconds for seconds, _ in runs) if runs else None
+        runs = self._table.runs(kernel_mod)
+        return min(run.seconds for run in runs) if runs else None
 
     def default_seconds(self, kernel_mod: tvm.IRModule) -> float | None:
         """Time of the kernel's first record: its default-schedule measurement.
@@ -215,12 +246,11 @@ class TuningLog:
         re-run.
         """
         self.refresh()
-        line = self._table.find(kernel_mod)
-        runs = [] if line is None else self._table.records.get(line, [])
+        runs = self._table.runs(kernel_mod)
         if not runs:
             return None
         # failures before it (a retried kernel) are not its default time
-        return next((seconds for seconds, _ in runs if math.isfinite(seconds)), math.inf)
+        return next((run.seconds for run in runs if math.isfinite(run.seconds)), math.inf)
 
     def best_record(self, kernel_mod: tvm.IRModule) -> TuningRecord | None:
         """The fastest successful record (its trace rebuilds the tuned schedule)."""
@@ -228,12 +258,54 @@ class TuningLog:
         best = self._table.top_k(kernel_mod, 1)
         return best[0] if best else None
 
+    def ranked_records(self, kernel_mod: tvm.IRModule, since: int = 0) -> list[TuningRecord]:
+        """Successful records from the `since`-th of the kernel's records on (in the order they
+        were logged) that are faster than every earlier one, fastest first: the records a
+        build would use before any of the earlier ones."""
+        self.refresh()
+        runs = self._table.runs(kernel_mod)
+        earlier = min((run.seconds for run in runs[:since]), default=math.inf)
+        later = [run for run in runs[since:] if run.seconds < earlier]
+        return [run.record for run in sorted(later, key=lambda run: run.seconds)]
+
+    def set_aside(self, kernel_mod: tvm.IRModule, records: Sequence[TuningRecord]) -> None:
+        """Take `records` (found wrong) out of the log, so no build or plan uses them again.
+
+        Their lines move verbatim to `<record file>.rejected`; nothing is destroyed. The record
+        file is rewritten under the lock (other processes see a new file and reload it). In a
+        read-only log they are only dropped from this process's view.
+        """
+        if not records:
+            return
+        with self._locked():
+            self._sync()
+            # by content: the table may have been reloaded (new objects) since they were read
+            wrong = {_record_key(record) for record in records}
+            lines = {run.file_line for run in self._table.runs(kernel_mod)
+                     if _record_key(run.record) in wrong}
+            if not lines:  # another process set them aside first
+                return
+            if self.writable:
+                file_lines = _split_lines(self._read(RECORD_FILE))[0]
+                assert len(file_lines) == self._table.record_lines, "record file out of step"
+                with open(self._path(RECORD_FILE + ".rejected"), "ab") as file:
+                    file.write(b"".join(file_lines[n] + b"\n" for n in sorted(lines)))
+                    file.flush()
+                    os.fsync(file.fileno())
+                self._replace(RECORD_FILE, [line for n, line in enumerate(file_lines)
+                                            if n not in lines])
+            self._table.drop_records(lines)
+            if self.writable:  # what was just written, without parsing it all again
+                self._table.record_bytes = len(self._read(RECORD_FILE))
+                self._table.file_ids = self._file_ids()
+
     def kernels(self) -> list[LoggedKernel]:
         """Every workload with at least one record, in file order."""
         self.refresh()
         table = self._table
         return [
-            LoggedKernel(table.workloads[line].mod, min(s for s, _ in runs), len(runs))
+            LoggedKernel(table.workloads[line].mod, min(run.seconds for run in runs),
+                         len(runs))
             for line, runs in sorted(table.records.items())
             if runs
         ]
@@ -296,7 +368,7 @@ class TuningLog:
         measurement of the same kernel would."""
         cpu = self.target.kind.name == "llvm"
         return sum(_timed_warm(cpu, seconds, len(record.run_secs))
-                   for runs in self._table.records.values() for seconds, record in runs)
+                   for runs in self._table.records.values() for seconds, record, _ in runs)
 
     def _warn_if_timed_warm(self) -> None:
         """Once per directory and process: a compile opens its log several times."""
@@ -557,7 +629,7 @@ class _LogDatabase(PyDatabase):
 
     def get_all_tuning_records(self) -> list[TuningRecord]:
         table = self._log._table
-        return [record for _, runs in sorted(table.records.items()) for _, record in runs]
+        return [run.record for _, runs in sorted(table.records.items()) for run in runs]
 
     def __len__(self) -> int:
         return self._log._table.size()
