@@ -79,9 +79,35 @@ def test_linear_kernels_accumulate_a_register_tile_stored_once_with_their_epilog
     linear = {name: mod for name, mod in kernels.items() if "matmul" in name or "conv2d" in name}
     assert len(linear) == 4
     for name, mod in linear.items():
-        text = default_schedule(mod, TARGET).mod["main"].script()
+        text = default_schedule(mod, TARGET, pack_weights=False).mod["main"].script()
         assert 'scope="local"' in text and "T.unroll(" in text, name
         assert text.count("T.sblock_alloc_buffer(") == 1, name  # the accumulators only
+
+
+def test_weights_are_packed_in_the_order_the_tile_reads_them(kernels):
+    """A matmul's [K, N] weight becomes [N / 16, K, 16]: the vector of 16 columns a tile loads
+    per reduction step is contiguous, and the strip it streams is one block. The repacking is
+    a separate block marked for SplitLayoutRewritePreproc, so the kernel still takes the
+    model's layout and computes the same numbers."""
+    (name,) = [name for name in kernels if "matmul" in name]
+    mod = kernels[name]
+    weight = mod["main"].params[1]
+    assert list(mod["main"].attrs["layout_free_buffers"]) == [1, 2]  # weight and bias
+    k, n = [int(dim) for dim in weight.ty.shape]
+    packed = default_schedule(mod, TARGET)
+    text = packed.mod["main"].script()
+    assert text.count('"meta_schedule.layout_rewrite_preproc": True') == 2, text
+    assert f"T.sblock_alloc_buffer((T.int64({n // 16}), T.int64({k}), T.int64(16)))" in text
+    np.testing.assert_allclose(run_kernel(packed.mod), run_kernel(mod), rtol=1e-5, atol=1e-5)
+    replayed = tvm.s_tir.Schedule(mod)
+    packed.trace.apply_to_schedule(replayed, remove_postproc=False)
+    assert tvm_ffi.structural_equal(replayed.mod, packed.mod)
+    # the profiler measures the weights as the model has them too, and keeps the faster
+    plain = default_schedule(mod, TARGET, pack_weights=False)
+    forms = default_schedules(mod, TARGET)  # a small kernel: the rule's form only, twice
+    assert len(forms) == 2
+    assert tvm_ffi.structural_equal(forms[0].mod, packed.mod)
+    assert tvm_ffi.structural_equal(forms[1].mod, plain.mod)
 
 
 def _te_kernel(*tensors) -> tvm.IRModule:

@@ -511,12 +511,14 @@ def _measure_defaults(names, kernels, target, tuning_log, builder, runner, deadl
             built = [ms.builder.BuilderResult(None, f"builder crashed: {err}") for _ in chunk]
         outcomes = {name: [] for name in chunk}  # name -> [(run_secs or None, error, trace)]
         to_run = []
-        for (name, _, trace), result in zip(variants, built):
+        for (name, module, trace), result in zip(variants, built):
             if result.error_msg is not None:
                 outcomes[name].append((None, "build failed: " + error_summary(result.error_msg),
                                        trace))
             else:
-                args = ms.arg_info.ArgInfo.from_prim_func(kernels[name]["main"])
+                # the arguments of the kernel as built: weights in their packed layout, as
+                # MetaSchedule's builder drops the repacking (done once, at compile time)
+                args = ms.arg_info.ArgInfo.from_entry_func(module, remove_preproc=True)
                 to_run.append((name, trace, ms.runner.RunnerInput(
                     result.artifact_path, _device_type(target), args)))
         futures = runner.run([entry for _, _, entry in to_run]) if to_run else []
