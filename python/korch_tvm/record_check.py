@@ -146,7 +146,7 @@ def first_correct(kernel_mod: tvm.IRModule, records, target, name: str = "kernel
     for record in records:
         verdict = reference.check(record.trace, target)
         if verdict.problem is not None:
-            logger.warning("%s: its fastest tuned record was %s", name, verdict.describe())
+            logger.warning("%s: a tuned record was %s", name, verdict.describe())
             break
         if not verdict.wrong:
             break
