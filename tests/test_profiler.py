@@ -140,6 +140,11 @@ def test_a_large_kernel_keeps_its_fastest_default_schedule_and_no_trials_are_cou
     assert cost.seconds == pytest.approx(min(times), rel=1e-5) == pytest.approx(times[0], rel=1e-5)
     assert log.default_seconds(kernel) == pytest.approx(cost.seconds, rel=1e-5)
     assert tuned_trials(log, kernel) == 0
+    for seconds in (1e-3, 2e-3):  # two records tuned by a korch_tvm that kept no count
+        log.commit_run(kernel, [seconds] * 3)
+    assert tuned_trials(log, kernel) == 2
+    log.add_tuning_attempts(kernel, 8)  # a round asked 8 trials: the count rules
+    assert tuned_trials(log, kernel) == 8
 
 
 def test_exhausted_time_budget_gives_predictions(tmp_path):
