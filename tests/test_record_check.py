@@ -3,6 +3,7 @@
 The wrong schedule here is a real one: TVM 0.27's `reverse_compute_at` of a concat into the loop
 of the producer of its first half keeps only the iterations that read that producer, so the
 copied half is never written (MetaSchedule found and kept this on YOLOX-nano, being fastest).
+A TVM that fixes it fails the tests that rely on it: then another wrong schedule is needed.
 """
 
 import json
