@@ -51,7 +51,7 @@ from .cuda_build import device_present, no_device_reason
 from .pooled_builder import PooledBuilder
 from .record_check import can_check, first_correct
 from .target import host_core_count, parse_target
-from .tuning_log import RECORD_FILE, TuningLog
+from .tuning_log import RECORD_FILE, TuningLog, mean_seconds
 
 logger = logging.getLogger("korch_tvm.profiler")
 metaschedule_logger = logging.getLogger("korch_tvm.metaschedule")
@@ -615,7 +615,7 @@ def set_aside_wrong_records(tuning_log: TuningLog, kernel_mod: tvm.IRModule, tar
                                     target, name)
     for record, verdict in zip(wrong, verdicts):
         logger.warning("%s: a tuned schedule (%.4g ms) %s; set aside in %s.rejected", name,
-                       1e3 * sum(float(s) for s in record.run_secs) / len(record.run_secs),
+                       1e3 * mean_seconds(record.run_secs),
                        verdict.describe(), RECORD_FILE)
     tuning_log.set_aside(kernel_mod, wrong)
     return len(wrong)

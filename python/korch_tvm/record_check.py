@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 import tvm
 
+from .cuda_build import cuda_device_present
 from .errors import error_summary
 from .kernels import written_params
 from .target import device_for
@@ -57,7 +58,7 @@ def can_check(target) -> bool:
         triple = str(target.attrs.get("mtriple") or llvm_get_system_triple())
         return triple.split("-")[0] == llvm_get_system_triple().split("-")[0]
     if target.kind.name == "cuda":
-        return tvm.cuda(0).exist
+        return cuda_device_present()
     return False
 
 

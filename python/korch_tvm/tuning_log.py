@@ -73,7 +73,8 @@ class LoggedKernel:
     records: int
 
 
-def _mean_seconds(run_secs) -> float:
+def mean_seconds(run_secs) -> float:
+    """A record's time: the mean of its samples; math.inf for a failed build or run."""
     values = [float(s) for s in run_secs or []]
     if not values or min(values) >= FAILED_RUN_SECONDS:
         return math.inf
@@ -161,7 +162,7 @@ class _Table:
 
     def add_record(self, line: int, record: TuningRecord) -> None:
         runs = self.records.setdefault(self.canonical[line], [])
-        runs.append(_Run(_mean_seconds(record.run_secs), record, self.record_lines))
+        runs.append(_Run(mean_seconds(record.run_secs), record, self.record_lines))
         self.record_lines += 1
 
     def runs(self, mod: tvm.IRModule) -> list[_Run]:
@@ -669,7 +670,7 @@ def _directory_stats(directory: str) -> dict:
     for line in data.splitlines():
         try:
             index, record = json.loads(line)
-            seconds = _mean_seconds(record[1])
+            seconds = mean_seconds(record[1])
             key = workload_hash[index]
         except (ValueError, IndexError, TypeError, KeyError):
             corrupt += 1
