@@ -24,7 +24,7 @@ the model (`layout.mark_layout_free_weights`).
 
 from __future__ import annotations
 
-from typing import Iterable, NamedTuple, Sequence
+from typing import Iterable, Mapping, NamedTuple, Sequence
 
 import tvm
 import tvm_ffi
@@ -76,6 +76,23 @@ def written_params(kernel_mod: tvm.IRModule, blocks: Sequence | None = None) -> 
                for region in block.writes]
     return [any(param.same_as(source) for source in written)
             for param in kernel_mod["main"].params]
+
+
+def structurally_equal_groups(items: Mapping) -> dict:
+    """{first key: [keys whose values are structurally equal to its value]}, in `items`' order
+    (a module or PrimFunc per key): what is measured once, or compiled once."""
+    groups: dict = {}
+    by_hash: dict[int, list] = {}
+    for key, value in items.items():
+        bucket = by_hash.setdefault(tvm_ffi.structural_hash(value), [])
+        first = next((kept for kept in bucket if tvm_ffi.structural_equal(items[kept], value)),
+                     None)
+        if first is None:
+            bucket.append(key)
+            groups[key] = [key]
+        else:
+            groups[first].append(key)
+    return groups
 
 
 def is_scheduled(func: tvm.tirx.PrimFunc) -> bool:

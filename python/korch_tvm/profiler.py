@@ -30,11 +30,11 @@ from dataclasses import dataclass
 from typing import Literal
 
 import tvm
-import tvm_ffi
 
 from .config import trial_budget, tunes
 from .errors import error_summary
 from .headroom import kernel_headrooms
+from .kernels import structurally_equal_groups
 from .interrupts import is_plain
 from .interrupts import note as note_ctrl_c
 from .metaschedule_setup import (
@@ -355,7 +355,8 @@ def tune_kernels(
     prepare_for_target(target)
     deadline = math.inf if time_budget is None else time.perf_counter() + max(0.0, time_budget)
     todo: dict[int, list[str]] = {}
-    for name in _distinct({n: kernels[n] for n in allocation if allocation[n] > 0}):
+    allocated = {n: kernels[n] for n in allocation if allocation[n] > 0}
+    for name in structurally_equal_groups(allocated):
         spent = tuned_trials(tuning_log, kernels[name])
         if spent * 2 < allocation[name]:
             more = -(-(allocation[name] - spent) // MIN_TRIALS_PER_TASK) * MIN_TRIALS_PER_TASK
@@ -397,7 +398,7 @@ def measure_kernels(
     target = parse_target(target)
     prepare_for_target(target)
     deadline = math.inf if time_budget is None else time.perf_counter() + max(0.0, time_budget)
-    distinct = _distinct(kernels)  # representative name -> names sharing its module
+    distinct = structurally_equal_groups(kernels)  # first name -> names of equal modules
     costs: dict[str, KernelCost] = {}
     pending = []
     for name in distinct:
@@ -448,21 +449,6 @@ def _retry_failure(tuning_log: TuningLog, name: str, kernel_mod: tvm.IRModule,
         logger.info("kernel %s failed %d time(s) before; measuring it again", name, attempts)
         return True
     return False
-
-
-def _distinct(kernels: Mapping[str, tvm.IRModule]) -> dict[str, list[str]]:
-    """Group names whose modules are structurally equal, so each is measured once."""
-    groups: dict[str, list[str]] = {}
-    by_hash: dict[int, list[str]] = {}
-    for name, mod in kernels.items():
-        bucket = by_hash.setdefault(tvm_ffi.structural_hash(mod), [])
-        twin = next((rep for rep in bucket if tvm_ffi.structural_equal(kernels[rep], mod)), None)
-        if twin is None:
-            bucket.append(name)
-            groups[name] = [name]
-        else:
-            groups[twin].append(name)
-    return groups
 
 
 def _default_schedules(kernel_mod: tvm.IRModule, target) -> list:

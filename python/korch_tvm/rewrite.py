@@ -12,12 +12,11 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 import tvm
-import tvm_ffi
 from tvm import relax
 
 from . import cpu_schedule
 from .cuda_build import is_cuda
-from .kernels import canonical_prim_func, is_scheduled
+from .kernels import canonical_prim_func, is_scheduled, structurally_equal_groups
 from .layout import mark_layout_free_weights, pack_constant_weights, redirect_calls
 
 
@@ -59,17 +58,12 @@ def share_identical_kernels(mod: tvm.IRModule) -> tvm.IRModule:
     of them equal (YOLOX-nano in NHWC: 158 plan kernels, 70 distinct); TVM's own fusion shares
     such copies (BlockBuilder.add_func), and each copy costs LLVM time and library size.
     """
-    first_of_hash: dict[int, list] = {}
-    twin_of = {}
-    for global_var, func in sorted(mod.functions_items(), key=lambda item: item[0].name_hint):
-        if not isinstance(func, tvm.tirx.PrimFunc):
-            continue
-        kept = first_of_hash.setdefault(tvm_ffi.structural_hash(func), [])
-        twin = next((other for other in kept if tvm_ffi.structural_equal(mod[other], func)), None)
-        if twin is None:
-            kept.append(global_var)
-        else:
-            twin_of[global_var.name_hint] = twin
+    prim_funcs = {global_var: func for global_var, func in
+                  sorted(mod.functions_items(), key=lambda item: item[0].name_hint)
+                  if isinstance(func, tvm.tirx.PrimFunc)}
+    twin_of = {copy.name_hint: kept
+               for kept, equal in structurally_equal_groups(prim_funcs).items()
+               for copy in equal[1:]}
     if not twin_of:
         return mod
     shared = redirect_calls(mod, lambda call: twin_of.get(call.args[0].name_hint))
