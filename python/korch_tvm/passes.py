@@ -23,7 +23,7 @@ from .config import MEMORY_LIMITS, KorchConfig
 from .cost_model import predict_kernels
 from .costing import (default_schedule_costs, measure_costs, merge_summaries, open_tuning_log,
                       shared_runner, summarize, tune_costs)
-from .data_layout import in_best_layout
+from .data_layout import LAYOUTS, in_best_layout
 from .errors import KorchError
 from .fission import lower_to_primitives, lowering_stats
 from .gpu_rules import rules_for_target
@@ -39,6 +39,8 @@ from .pooled_builder import PooledBuilder
 from .primitive_graph import PrimitiveGraph
 from .primitive_kinds import LINEAR, POOLING_OPS
 from .profiler import KernelCost
+from .region_layout import (MIXED, cheapest_layouts, region_module, split_regions,
+                            stitched_module, switch_module)
 from .rewrite import rewrite_with_plan, scheduled_kernel_count
 from .target import host_core_count, parse_target
 
@@ -133,20 +135,69 @@ def plan_korch(mod: tvm.IRModule, config: KorchConfig, *, predict_only: bool = F
         raise KorchError(f"unknown memory limit '{config.memory_limit}': choose one of "
                          f"{', '.join(MEMORY_LIMITS)}")
 
+    # One log for every layout planned: read once, and a kernel two of them share is costed once.
+    tuning_log = open_tuning_log(config)
+    deadline = None if config.time_budget is None else time.perf_counter() + config.time_budget
+
     def plan_in(layout, variant, time_budget):
         return _plan_in_layout(mod, variant, layout, config.with_changes(time_budget=time_budget),
-                               predict_only=predict_only, measure_with=measure_with)
+                               predict_only=predict_only, measure_with=measure_with,
+                               tuning_log=tuning_log)
 
     best, plans = in_best_layout(mod, config.layout, plan_in, lambda plan: plan.modelled_ms,
                                  config.time_budget)
-    return replace(plans[best], layouts={layout: {"modelled_ms": plan.modelled_ms,
-                                                  "tuning": summarize(plan.costs.values())}
-                                         for layout, plan in plans.items()})
+    layouts = {layout: {"modelled_ms": plan.modelled_ms, "tuning": summarize(plan.costs.values())}
+               for layout, plan in plans.items()}
+    if config.layout == "auto" and len(plans) == len(LAYOUTS):
+        left = None if deadline is None else max(0.0, deadline - time.perf_counter())
+        mixed = _plan_region_layouts(mod, config.with_changes(time_budget=left), tuning_log,
+                                     predict_only=predict_only, measure_with=measure_with)
+        if mixed is not None:
+            plan, regions = mixed
+            layouts[MIXED] = {"modelled_ms": plan.modelled_ms,
+                              "tuning": summarize(plan.costs.values()), "regions": regions}
+            if plan.modelled_ms < plans[best].modelled_ms:
+                best, plans[MIXED] = MIXED, plan
+            logger.info("layout per region: modelled %.3f ms; %s kept", plan.modelled_ms, best)
+    return replace(plans[best], layouts=layouts)
+
+
+def _plan_region_layouts(mod: tvm.IRModule, config: KorchConfig, tuning_log, *,
+                         predict_only: bool, measure_with) -> tuple[KorchPlan, list[dict]] | None:
+    """The model with the layout of each region chosen (region_layout.py), planned, and what
+    was chosen per region; None when the model has fewer than two regions or one layout is
+    cheapest throughout. Regions and switches are costed without tuning or new measurements
+    (the log, else the cost model): only the stitched model's plan is measured."""
+    folded, regions = split_regions(mod)
+    if len(regions) < 2:
+        return None
+    costing = config.with_changes(trials=0, trials_per_kernel=None, time_budget=None)
+
+    def modelled_ms(module, layout):
+        return _plan_in_layout(module, module, layout, costing, predict_only=measure_with is None,
+                               measure_with=measure_with, tuning_log=tuning_log).modelled_ms
+
+    region_ms = [{layout: modelled_ms(region_module(folded, region, layout), layout)
+                  for layout in LAYOUTS} for region in regions]
+    switch_ms = [0.0 if (module := switch_module(folded, region)) is None
+                 else modelled_ms(module, "NCHW") for region in regions[:-1]]
+    layouts, total_ms = cheapest_layouts(region_ms, switch_ms)
+    logger.info("layout per region (%d regions): %s, predicted %.3f ms", len(regions),
+                " ".join(layouts), total_ms)
+    if len(set(layouts)) == 1:
+        return None
+    plan = _plan_in_layout(mod, stitched_module(folded, regions, layouts), MIXED, config,
+                           predict_only=predict_only, measure_with=measure_with,
+                           tuning_log=tuning_log)
+    return plan, [{"bindings": [region.start, region.stop], "layout": layout,
+                   "predicted_ms": {name: round(ms, 4) for name, ms in costs.items()}}
+                  for region, layout, costs in zip(regions, layouts, region_ms)]
 
 
 def _plan_in_layout(source: tvm.IRModule, mod: tvm.IRModule, layout: str, config: KorchConfig,
-                    *, predict_only: bool, measure_with) -> KorchPlan:
-    """`plan_korch` for `mod`, which is `source` with its activations in `layout`."""
+                    *, predict_only: bool, measure_with, tuning_log=None) -> KorchPlan:
+    """`plan_korch` for `mod`, which is `source` with its activations in `layout`, costed with
+    `tuning_log` (default: the configured one; reading a large log takes seconds)."""
     target = parse_target(config.target)
     config = config.with_changes(target=target)
     clock = _StageClock()
@@ -169,7 +220,7 @@ def _plan_in_layout(source: tvm.IRModule, mod: tvm.IRModule, layout: str, config
                 len(graph.nodes), len(candidates), len(kernels.modules), len(pieces))
     clock.lap("candidates")
 
-    tuning_log = open_tuning_log(config)
+    tuning_log = tuning_log or open_tuning_log(config)
     predicted = predict_kernels(tuning_log, target, kernels.modules)
     kept = prune_by_prediction(candidates, kernels.keys, predicted, config.prune_margin)
     kept_kernels = {kernels.keys[i]: kernels.modules[kernels.keys[i]] for i in kept
