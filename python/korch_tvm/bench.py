@@ -79,10 +79,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--exact-math", dest="fast_math", action="store_false",
                         help="both compiles keep TVM's libm exp/sigmoid/tanh/erf (see `compile`)")
     parser.add_argument("--layout", choices=LAYOUT_CHOICES, default="auto",
-                        help="activation layout of convolutions and what follows them: 'auto' "
-                             "(default) plans the model in both and keeps the faster modelled "
-                             "plan (a model with convolutions is tuned twice); applies to both "
-                             "paths")
+                        help="activation layout, as for compile (default: auto, both paths "
+                             "the same way; Korch may also pick a layout per region)")
     parser.add_argument("--calibrate", action="store_true",
                         help="keep each kernel's in-model / isolated time ratio in the tuning "
                              "log, so later plans are costed with them (experimental: the "

@@ -72,7 +72,8 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
                         help="activation layout of convolutions and what follows them: 'auto' "
                              "(default) plans the model in both and keeps the faster modelled "
                              "plan (a model with convolutions is tuned twice); applies to both "
-                             "paths")
+                             "paths. With 'auto' Korch also plans a layout per region of the "
+                             "model and keeps it when it models faster (layout 'mixed')")
     parser.add_argument("--memory-limit", choices=MEMORY_LIMITS, default="stock",
                         help="'stock' (default): Korch's plan needs no more activation storage "
                              "than TVM's own fusion groups (within 1%%): pieces of the graph go "

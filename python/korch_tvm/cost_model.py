@@ -264,9 +264,24 @@ def predict_kernels(tuning_log, target, modules: Mapping[str, tvm.IRModule]) -> 
     predictions are cached beside the log (prediction_cache.py), so a warm compile reuses them."""
     path = model_path(tuning_log)
     if not os.path.exists(path):
-        return {key: analytic_estimate(module, target) for key, module in modules.items()}
+        return {key: _remembered_estimate(key, module, target) for key, module in modules.items()}
     cache = PredictionCache(tuning_log.directory, file_digest(path))
     return cache.predict_all(modules, CostModel.load(path).predict_many)
+
+
+# Roofline estimates by (structural key, target): a compile that plans a model in two layouts
+# and then region by region (region_layout.py) meets most kernels three times.
+_ESTIMATES: dict[tuple[str, str], float] = {}
+_ESTIMATES_KEPT = 200_000
+
+
+def _remembered_estimate(key: str, module: tvm.IRModule, target) -> float:
+    remembered = (key, str(target))
+    if remembered not in _ESTIMATES:
+        if len(_ESTIMATES) >= _ESTIMATES_KEPT:
+            _ESTIMATES.clear()
+        _ESTIMATES[remembered] = analytic_estimate(module, target)
+    return _ESTIMATES[remembered]
 
 
 def train_log_model(tuning_log, **kwargs) -> tuple[CostModel, dict]:

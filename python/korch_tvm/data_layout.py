@@ -7,7 +7,8 @@ the output channels are contiguous and vectorise without a transpose: 1x1 64->12
 wins for a whole model depends on what sits between the convolutions (reshapes and attention
 need their own layout, and every switch is a transpose), so both are planned and the cheaper
 modelled plan is kept ("auto"); both compile paths do this the same way, so their comparison
-stays about orchestration.
+stays about orchestration. Korch's "auto" then also tries a layout per region of the model
+(region_layout.py).
 
 In NHWC the weights are HWIO, output channels last, so the vector of output channels that a
 default schedule (cpu_schedule.py) accumulates per reduction step is one contiguous load; with

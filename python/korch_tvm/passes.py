@@ -177,21 +177,37 @@ def _plan_region_layouts(mod: tvm.IRModule, config: KorchConfig, tuning_log, *,
         return _plan_in_layout(module, module, layout, costing, predict_only=measure_with is None,
                                measure_with=measure_with, tuning_log=tuning_log).modelled_ms
 
-    region_ms = [{layout: modelled_ms(region_module(folded, region, layout), layout)
-                  for layout in LAYOUTS} for region in regions]
-    switch_ms = [0.0 if (module := switch_module(folded, region)) is None
-                 else modelled_ms(module, "NCHW") for region in regions[:-1]]
+    logger.info("layout per region: costing %d regions in %s", len(regions), " and ".join(LAYOUTS))
+    modules = [{layout: region_module(folded, region, layout) for layout in LAYOUTS}
+               for region in regions]
+    with _quiet(logger):  # a line per region plan says nothing a user needs
+        region_ms = [{layout: modelled_ms(module, layout) for layout, module in variants.items()}
+                     for variants in modules]
+        switch_ms = [0.0 if (module := switch_module(folded, region)) is None
+                     else modelled_ms(module, "NCHW") for region in regions[:-1]]
     layouts, total_ms = cheapest_layouts(region_ms, switch_ms)
     logger.info("layout per region (%d regions): %s, predicted %.3f ms", len(regions),
                 " ".join(layouts), total_ms)
     if len(set(layouts)) == 1:
         return None
-    plan = _plan_in_layout(mod, stitched_module(folded, regions, layouts), MIXED, config,
+    stitched = stitched_module(folded, regions, layouts,
+                               [variants[layout] for variants, layout in zip(modules, layouts)])
+    plan = _plan_in_layout(mod, stitched, MIXED, config,
                            predict_only=predict_only, measure_with=measure_with,
                            tuning_log=tuning_log)
     return plan, [{"bindings": [region.start, region.stop], "layout": layout,
                    "predicted_ms": {name: round(ms, 4) for name, ms in costs.items()}}
                   for region, layout, costs in zip(regions, layouts, region_ms)]
+
+
+@contextmanager
+def _quiet(log: logging.Logger):
+    level = log.level
+    log.setLevel(max(logging.WARNING, log.getEffectiveLevel()))
+    try:
+        yield
+    finally:
+        log.setLevel(level)
 
 
 def _plan_in_layout(source: tvm.IRModule, mod: tvm.IRModule, layout: str, config: KorchConfig,

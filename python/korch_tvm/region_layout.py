@@ -27,8 +27,8 @@ from tvm import relax
 
 from .data_layout import LAYOUTS, convert_layout
 
-# Cuts with more live tensors than this pay for more transposes than a switch of layout saves,
-# and the regions between narrow cuts are already fine enough to tell a backbone from a head.
+# Every tensor live at a cut is transposed where the layout switches there. Three cut
+# YOLOX-nano's neck into regions too (7 regions, where two left its 319-binding head whole).
 MAX_CUT_WIDTH = 3
 # Regions are at least 1/TARGET_REGIONS of the model: each costs two plans of its own.
 TARGET_REGIONS = 12
@@ -149,28 +149,41 @@ def cheapest_layouts(region_ms: Sequence[Mapping[str, float]], switch_ms: Sequen
     return min(paths.values(), key=lambda entry: entry[1])
 
 
-def stitched_module(mod: tvm.IRModule, regions: Sequence[Region],
-                    layouts: Sequence[str]) -> tvm.IRModule:
+def stitched_module(mod: tvm.IRModule, regions: Sequence[Region], layouts: Sequence[str],
+                    region_modules: Sequence[tvm.IRModule] | None = None) -> tvm.IRModule:
     """`mod` with each region in its layout and a transpose wherever the layouts of two
-    neighbours differ."""
+    neighbours differ; `region_modules` are the regions' `region_module`s in those layouts,
+    when the caller has them already (each is a ConvertLayout)."""
+    region_modules = region_modules or [region_module(mod, region, layout)
+                                        for region, layout in zip(regions, layouts)]
     func = mod["main"]
     builder = relax.BlockBuilder()
     params = [relax.Var(param.name, param.ty) for param in func.params]
     attrs = {key: value for key, value in (func.attrs or {}).items() if key != "global_symbol"}
     with builder.function("main", params, attrs=attrs or None):
         with builder.dataflow():
-            values = {old: (new, "NCHW") for old, new in zip(func.params, params)}
-            for region, layout in zip(regions, layouts):
-                converted = region_module(mod, region, layout)["main"]
-                arguments = [_transposed(builder, *values[var], layout)
-                             if converted_at_cut(mod, var) else values[var][0]
-                             for var in region.inputs]
-                results = _unpacked(builder, _emit_inline(builder, converted.body,
-                                                 dict(zip(converted.params, arguments))),
-                                    len(region.outputs))
-                values.update({var: (value, layout if converted_at_cut(mod, var) else "NCHW")
-                               for var, value in zip(region.outputs, results)})
-            returned = _Substitute({var: value for var, (value, _) in values.items()}
+            # each tensor in the layouts it has been computed or transposed to so far
+            values = {old: {"NCHW": new} for old, new in zip(func.params, params)}
+
+            def argument(var, layout):
+                if not converted_at_cut(mod, var):
+                    return values[var]["NCHW"]
+                if layout not in values[var]:  # transposed once, however many regions read it
+                    [(held, value)] = values[var].items()
+                    values[var][layout] = _transposed(builder, value, held, layout)
+                return values[var][layout]
+
+            for region, layout, converted in zip(regions, layouts, region_modules):
+                converted = converted["main"]
+                arguments = [argument(var, layout) for var in region.inputs]
+                results = _emit_inline(builder, converted.body,
+                                       dict(zip(converted.params, arguments)))
+                values.update({var: {layout if converted_at_cut(mod, var) else "NCHW": value}
+                               for var, value in zip(region.outputs,
+                                                     _unpacked(builder, results,
+                                                               len(region.outputs)))})
+            returned = _Substitute({var: argument(var, "NCHW") for var in
+                                    _vars_in(func.body.body) if var in values}
                                    ).visit_expr(func.body.body)
             result = builder.emit_output(returned)
         builder.emit_func_output(result)
