@@ -214,8 +214,10 @@ def test_bench_and_retime_a_tiny_conv_model_end_to_end(tmp_path):
                                warm=False, memory=False, reports_dir=str(reports), **timing)
     for path in ("stock", "korch"):
         compiled = result["compile"][path]["cold"]
-        assert compiled["layout"] in ("NCHW", "NHWC")
-        assert set(compiled["layout_modelled_ms"]) == {"NCHW", "NHWC"}
+        # Korch may also plan a layout per region (region_layout.py), the stock path never
+        planned = {"NCHW", "NHWC"} | ({"mixed"} if path == "korch" else set())
+        assert compiled["layout"] in planned
+        assert {"NCHW", "NHWC"} <= set(compiled["layout_modelled_ms"]) <= planned
         assert compiled["layout_modelled_ms"][compiled["layout"]] == pytest.approx(
             min(compiled["layout_modelled_ms"].values()))
         assert len(result["samples_ms"][path]) == 2
