@@ -185,3 +185,17 @@ def test_a_model_cheapest_in_one_layout_is_not_stitched():
     plan = plan_korch(two_stage_module(), KorchConfig(layout="auto"),
                       measure_with=costs_penalising(FIRST_STAGE, (1, NARROW, 7, 7)))
     assert plan.layout == "NHWC" and set(plan.layouts) == {"NCHW", "NHWC"}
+
+
+def test_a_failing_layout_per_region_leaves_the_single_layout_plans(monkeypatch, caplog):
+    import korch_tvm.passes as passes
+
+    def broken(*args):
+        raise RuntimeError("ConvertLayout gave up\nInternalError: no rule for this operator")
+
+    monkeypatch.setattr(passes, "region_module", broken)
+    plan = plan_korch(two_stage_module(), KorchConfig(layout="auto"),
+                      measure_with=costs_penalising(FIRST_STAGE, SECOND_STAGE_NHWC))
+    assert plan.layout in ("NCHW", "NHWC") and set(plan.layouts) == {"NCHW", "NHWC"}
+    assert ("a layout per region failed, so it is not considered: InternalError: no rule for "
+            "this operator") in caplog.text

@@ -18,13 +18,14 @@ from dataclasses import dataclass, field, replace
 
 import tvm
 
+from . import interrupts
 from .candidates import enumerate_candidates
 from .config import MEMORY_LIMITS, KorchConfig
 from .cost_model import predict_kernels
 from .costing import (default_schedule_costs, measure_costs, merge_summaries, open_tuning_log,
                       shared_runner, summarize, tune_costs)
 from .data_layout import LAYOUTS, in_best_layout
-from .errors import KorchError
+from .errors import KorchError, error_summary
 from .fission import lower_to_primitives, lowering_stats
 from .gpu_rules import rules_for_target
 from .in_model import load_in_model_times, scaled_costs
@@ -127,7 +128,8 @@ def plan_korch(mod: tvm.IRModule, config: KorchConfig, *, predict_only: bool = F
     the profiler's default-schedule measurement (a study replays another run's numbers).
 
     With ``config.layout == "auto"`` a model with convolutions is planned in each activation
-    layout (data_layout.py) and the plan of least modelled latency is kept. With
+    layout (data_layout.py), then with a layout per region (region_layout.py), and the plan of
+    least modelled latency is kept. With
     ``config.memory_limit == "stock"`` the plan needs no more activation storage than TVM's own
     fusion groups (memory_plan.py).
     """
@@ -150,8 +152,15 @@ def plan_korch(mod: tvm.IRModule, config: KorchConfig, *, predict_only: bool = F
                for layout, plan in plans.items()}
     if config.layout == "auto" and len(plans) == len(LAYOUTS):
         left = None if deadline is None else max(0.0, deadline - time.perf_counter())
-        mixed = _plan_region_layouts(mod, config.with_changes(time_budget=left), tuning_log,
-                                     predict_only=predict_only, measure_with=measure_with)
+        try:
+            mixed = _plan_region_layouts(mod, config.with_changes(time_budget=left), tuning_log,
+                                         predict_only=predict_only, measure_with=measure_with)
+        except Exception as err:  # noqa: BLE001 - an optional plan must not sink the compile
+            if interrupts.pressed():  # a Ctrl-C TVM re-raised as an error
+                raise
+            logger.warning("a layout per region failed, so it is not considered: %s",
+                           error_summary(str(err) or repr(err)))
+            mixed = None
         if mixed is not None:
             plan, regions = mixed
             layouts[MIXED] = {"modelled_ms": plan.modelled_ms,
