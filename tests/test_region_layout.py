@@ -199,3 +199,48 @@ def test_a_failing_layout_per_region_leaves_the_single_layout_plans(monkeypatch,
     assert plan.layout in ("NCHW", "NHWC") and set(plan.layouts) == {"NCHW", "NHWC"}
     assert ("a layout per region failed, so it is not considered: InternalError: no rule for "
             "this operator") in caplog.text
+
+
+def two_stage_onnx():
+    """two_stage_module as an ONNX model, for tracing a plan back to ONNX operators."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    convs = [(WIDE, WIDE, 3, 1), (WIDE, WIDE, 3, 1), (WIDE, WIDE, 3, 1), (WIDE, WIDE, 3, 2),
+             (WIDE, NARROW, 1, 1), (NARROW, NARROW, 3, 1)]
+    nodes, inits, x = [], [], "x"
+    for k, (c_in, c_out, kernel, stride) in enumerate(convs):
+        inits += [numpy_helper.from_array((0.3 * rng.standard_normal(
+                      (c_out, c_in, kernel, kernel))).astype("float32"), f"w{k}"),
+                  numpy_helper.from_array((0.1 * rng.standard_normal(c_out)).astype("float32"),
+                                          f"b{k}")]
+        pad = kernel // 2
+        nodes += [helper.make_node("Conv", [x, f"w{k}", f"b{k}"], [f"c{k}"], name=f"conv{k}",
+                                   strides=[stride] * 2, pads=[pad] * 4),
+                  helper.make_node("Relu", [f"c{k}"], [f"r{k}"], name=f"relu{k}")]
+        x = f"r{k}"
+    graph = helper.make_graph(
+        nodes, "two_stage", [helper.make_tensor_value_info("x", TensorProto.FLOAT, FIRST_STAGE)],
+        [helper.make_tensor_value_info(x, TensorProto.FLOAT, (1, NARROW, 7, 7))],
+        initializer=inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    return model
+
+
+def test_a_plan_with_a_layout_per_region_is_traced_to_the_onnx_operators():
+    from korch_tvm.explain import describe_plan
+    from korch_tvm.onnx_trace import import_onnx_traced
+
+    module, trace = import_onnx_traced(two_stage_onnx(), None)
+    plan = plan_korch(module, KorchConfig(layout="auto"),
+                      measure_with=costs_penalising(FIRST_STAGE, SECOND_STAGE_NHWC))
+    assert plan.layout == MIXED
+    explanation = describe_plan(plan, trace)
+    traced = [(p["op"], p["onnx"]) for p in explanation["primitives"]
+              if p["op"] in ("nn.conv2d", "nn.relu")]
+    assert traced == [(op, f"{kind} {kind.lower()}{k}") for k in range(6)
+                      for op, kind in (("nn.conv2d", "Conv"), ("nn.relu", "Relu"))]
+    assert explanation["layout"] == MIXED
