@@ -265,7 +265,7 @@ def _transposed(builder: relax.BlockBuilder, value: relax.Expr, current: str,
 
 
 def _in_layout(ty, layout: str):
-    """The struct info of an NCHW tensor held in `layout`."""
+    """The type of an NCHW tensor held in `layout`."""
     if layout == "NCHW":
         return ty
     shape = [ty.shape.values[axis] for axis in TO_NHWC]
@@ -337,10 +337,9 @@ def _static_tensor(var: relax.Var) -> bool:
 def _region(func, bindings, last_use, start: int, stop: int) -> Region:
     defined_before = set(func.params) | {b.var for b in bindings[:start]}
     inside = [b.var for b in bindings[start:stop]]
-    read = []
+    read = {}  # first use order, each once
     for binding in bindings[start:stop]:
-        read.extend(var for var in _vars_in(binding.value)
-                    if var in defined_before and var not in read)
+        read.update((var, None) for var in _vars_in(binding.value) if var in defined_before)
     outputs = [var for var in inside if last_use.get(var, -1) >= stop]
     live_after = [var for var in [*func.params, *(b.var for b in bindings[:stop])]
                   if last_use.get(var, -1) >= stop]
