@@ -10,11 +10,10 @@ from tvm import relax
 from korch_tvm.config import KorchConfig
 from korch_tvm.data_layout import convert_layout
 from korch_tvm.passes import plan_korch, rewrite_plan
-from korch_tvm.profiler import KernelCost
 from korch_tvm.region_layout import (MAX_CUT_WIDTH, MIXED, cheapest_layouts, region_module,
                                      split_regions, stitched_module, switch_module)
 
-from test_data_layout import activation_transposes, conv_data_layouts
+from test_data_layout import activation_transposes, conv_data_layouts, costs_penalising
 
 WIDE, NARROW = 16, 8
 FIRST_STAGE = (1, WIDE, 14, 14)  # NCHW shape of the first stage's activations
@@ -148,18 +147,6 @@ def test_cheapest_layouts_pays_for_a_switch_only_where_it_saves_more():
         assert total == pytest.approx(
             sum(costs[layout] for costs, layout in zip(regions, layouts))
             + sum(switch for switch, a, b in zip(switches, layouts, layouts[1:]) if a != b))
-
-
-def costs_penalising(*shapes):
-    """1 ms per kernel plus 4 ms per buffer of one of `shapes`."""
-    def measure(modules):
-        costs = {}
-        for key, module in modules.items():
-            hits = sum(tuple(int(d) for d in p.ty.shape) in shapes
-                       for p in module["main"].params)
-            costs[key] = KernelCost(1e-3 + 4e-3 * hits, "measured", 0)
-        return costs
-    return measure
 
 
 def test_auto_plans_each_stage_in_the_layout_that_is_cheaper_there():

@@ -122,13 +122,18 @@ def has_convolution(mod: tvm.IRModule) -> bool:
     found = []
 
     def visit(expr):
-        if isinstance(expr, relax.Call) and expr.op.same_as(_CONV2D):
+        if is_conv2d(expr):
             found.append(expr)
 
     for _, func in mod.functions_items():
         if isinstance(func, relax.Function):
             relax.analysis.post_order_visit(func, visit)
     return bool(found)
+
+
+def is_conv2d(expr: relax.Expr) -> bool:
+    """Whether `expr` calls conv2d."""
+    return isinstance(expr, relax.Call) and expr.op.same_as(_CONV2D)
 
 
 _BROADCASTING = {f"relax.{name}" for name in (

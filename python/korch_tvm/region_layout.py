@@ -25,7 +25,8 @@ from dataclasses import dataclass
 import tvm
 from tvm import relax
 
-from .data_layout import LAYOUTS, convert_layout
+from .data_layout import LAYOUTS, convert_layout, is_conv2d
+from .fission import mutate_relax_functions
 
 # Every tensor live at a cut is transposed where the layout switches there. Three cut
 # YOLOX-nano's neck into regions too (7 regions, where two left its 319-binding head whole).
@@ -74,7 +75,7 @@ def split_regions(mod: tvm.IRModule, min_bindings: int | None = None,
         live.add(binding.var)
         live = {var for var in live if last_use.get(var, -1) > position}
         if (position + 1 - start >= min_bindings and position + 1 < len(bindings)
-                and _is_conv2d(bindings[position + 1].value)
+                and is_conv2d(bindings[position + 1].value)
                 and 0 < len(live) <= MAX_CUT_WIDTH and not live & params
                 and all(_static_tensor(var) for var in live)):
             cuts.append(position + 1)
@@ -253,8 +254,8 @@ def _permute_of(expr: relax.Expr) -> list[int] | None:
 
 def _cancel_transposes(mod: tvm.IRModule) -> tvm.IRModule:
     mod = relax.transform.CanonicalizeBindings()(mod)  # no aliases between two transposes
-    func = _CancelTransposes().visit_expr(mod["main"])
-    return relax.transform.DeadCodeElimination(["main"])(_with_main(mod, func))
+    return relax.transform.DeadCodeElimination(["main"])(
+        mutate_relax_functions(_CancelTransposes(mod), mod))
 
 
 def _transposed(builder: relax.BlockBuilder, value: relax.Expr, current: str,
@@ -322,10 +323,6 @@ def _last_uses(func: relax.Function, bindings) -> dict[relax.Var, int]:
     for var in _vars_in(func.body.body):
         last[var] = len(bindings)
     return last
-
-
-def _is_conv2d(expr: relax.Expr) -> bool:
-    return isinstance(expr, relax.Call) and getattr(expr.op, "name", "") == "relax.nn.conv2d"
 
 
 def _static_tensor(var: relax.Var) -> bool:
