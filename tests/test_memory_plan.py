@@ -2,11 +2,14 @@
 
 import dataclasses
 
+import numpy as np
 import pytest
+from tvm import relax
 
 from conftest import MODELS, REPO, host_has_shipped_logs
 from korch_tvm.candidates import KernelRules, enumerate_candidates
-from korch_tvm.memory_plan import Step, StorageModel, node_bytes, planned_storage_bytes
+from korch_tvm.memory_plan import (Step, StorageModel, kernel_workspace_bytes, node_bytes,
+                                   planned_storage_bytes)
 from korch_tvm.orchestration import solve_orchestration
 from korch_tvm.planning import orchestration_problems, plan_groups
 from korch_tvm.primitive_graph import PrimitiveGraph
@@ -37,9 +40,10 @@ def test_a_view_shares_its_inputs_block():
     assert planned_storage_bytes(copied, sizes, frozenset({3})) == 3000  # two blocks are busy
 
 
-def _split_beats_fused():
+def _split_beats_fused(leave_out=()):
     """0 -> 1 -> 2 of 1000, 1000 and 10 floats; two kernels are faster than the stock plan
-    that fuses all three, but store a 1000-float intermediate."""
+    that fuses all three, but store a 1000-float intermediate. `leave_out`: candidate ids the
+    problem goes without."""
     graph = PrimitiveGraph.from_edges(3, [(0, 1), (1, 2)], outputs=[2])
     nodes = tuple(dataclasses.replace(node, out_shapes=((size,),), out_dtypes=("float32",))
                   for node, size in zip(graph.nodes, (1000, 1000, 10)))
@@ -49,8 +53,9 @@ def _split_beats_fused():
     keys = [f"k{i}" for i in range(len(candidates))]
     costs = {key: KernelCost(1.0 if len(c.nodes) == 3 else 0.4, "measured", 0)
              for key, c in zip(keys, candidates)}
-    problems = orchestration_problems(graph, [frozenset(range(3))], candidates,
-                                      range(len(candidates)), keys, costs)
+    usable = [i for i in range(len(candidates)) if i not in leave_out]
+    problems = orchestration_problems(graph, [frozenset(range(3))], candidates, usable, keys,
+                                      costs)
     return graph, candidates, problems
 
 
@@ -66,6 +71,7 @@ def test_a_plan_storing_more_than_stock_goes_back_to_the_stock_plan():
 
     storage = _storage_model(graph, candidates)
     assert storage.report(problems, plans) == {"korch": 0.004, "stock": 0.0,
+                                               "korch_workspace": 0.0, "stock_workspace": 0.0,
                                                "pieces_on_stock_plan": 0}
     kept = storage.within_stock(problems, plans)
     assert storage.report(problems, kept)["pieces_on_stock_plan"] == 1
@@ -82,6 +88,87 @@ def test_a_plan_within_stock_storage_is_kept():
         [frozenset({0, 1}), frozenset({2})]
     storage = _storage_model(graph, candidates, outputs={1, 2})  # 1 takes no block now
     assert storage.within_stock(problems, plans) == plans
+
+
+def _with_workspaces(graph, candidates, workspace_of_split) -> StorageModel:
+    """Storage alike for both plans (1 and 2 are outputs); the split plan's first kernel keeps
+    `workspace_of_split` bytes of its own, every other kernel 100."""
+    steps = tuple(Step(frozenset(c.inputs), frozenset(c.outputs),
+                       workspace=workspace_of_split if c.nodes == frozenset({0, 1}) else 100)
+                  for c in candidates)
+    return StorageModel(node_bytes(graph), frozenset({1, 2}), steps)
+
+
+def test_a_kernel_whose_workspace_the_stock_plan_has_no_room_for_is_left_out():
+    graph, candidates, problems = _split_beats_fused()
+    plans = [solve_orchestration(p.problem) for p in problems]
+    split = next(i for i, c in enumerate(candidates) if c.nodes == frozenset({0, 1}))
+    storage = _with_workspaces(graph, candidates, 8000)
+    assert storage.report(problems, plans)["korch_workspace"] == 0.008
+    assert storage.report(problems, plans)["stock_workspace"] == 0.0  # 100 bytes, rounded
+    assert storage.within_stock(problems, plans) == plans  # storage alone is within stock's
+    assert storage.left_out_for_memory(problems, plans) == {split}  # not the piece's {2}
+
+
+def test_kernels_are_left_out_until_the_storage_fits():
+    """Every split of 0 -> 1 -> 2 stores a 1000-float intermediate: they go, piece by piece,
+    until the stock plan is left (the loop the planner runs)."""
+    graph, candidates, problems = _split_beats_fused()
+    storage = _storage_model(graph, candidates)
+    left_out = set()
+    for _ in range(len(candidates)):
+        plans = [solve_orchestration(p.problem) for p in problems]
+        more = storage.left_out_for_memory(problems, plans)
+        if not more:
+            break
+        assert not more & left_out and not any(candidates[i].is_stock for i in more)
+        left_out |= more
+        _, _, problems = _split_beats_fused(leave_out=left_out)
+    assert [candidates[i].nodes for i in plan_groups(problems, plans)] == [frozenset({0, 1, 2})]
+    assert storage.report(problems, plans)["korch"] == 0.0
+
+
+def test_a_workspace_no_larger_than_the_stock_plans_is_always_room_enough():
+    graph, candidates, problems = _split_beats_fused()
+    plans = [solve_orchestration(p.problem) for p in problems]
+    storage = _with_workspaces(graph, candidates, 100)
+    assert storage.left_out_for_memory(problems, plans) == set()
+
+
+def conv_concat_module():
+    """relu(conv(x)) and x concatenated on channels, and x minus its row means."""
+    rng = np.random.default_rng(0)
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((1, 4, 8, 8), "float32"))
+    op = relax.op
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            conv = bb.emit(op.nn.conv2d(x, relax.const(rng.standard_normal((4, 4, 1, 1))
+                                                       .astype("float32"))))
+            joined = bb.emit(op.concat([op.nn.relu(conv), x], axis=1))
+            centred = bb.emit(op.subtract(x, op.mean(x, axis=[3], keepdims=True)))
+            out = bb.emit_output(relax.Tuple([joined, centred]))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def test_kernel_workspace_counts_what_no_schedule_can_tile_away():
+    from korch_tvm.fission import lower_to_primitives
+    from korch_tvm.kernels import distinct_kernels
+
+    graph = PrimitiveGraph.from_module(lower_to_primitives(conv_concat_module()))
+    candidates = enumerate_candidates(graph)
+    kernels = distinct_kernels(graph, candidates)
+    workspace = {}
+    for candidate, key in zip(candidates, kernels.keys):
+        ops = tuple(sorted(graph.nodes[n].op_name.split(".")[-1] for n in candidate.nodes))
+        workspace[ops] = kernel_workspace_bytes(kernels.modules[key]["main"])
+    conv = 4 * 8 * 8 * 4  # the convolution's output, bytes
+    assert workspace[("conv2d", "relu")] == 0  # an epilogue: computed tile by tile
+    assert workspace[("concat", "conv2d", "relu")] == conv  # read within a wider domain
+    assert workspace[("concat", "relu")] == 0  # injective: inlined
+    assert workspace[("mean", "subtract")] == 4 * 8 * 4  # the means, read broadcast
+    assert workspace[("conv2d",)] == workspace[("mean",)] == 0
 
 
 def test_unknown_memory_limit_is_a_clear_error():

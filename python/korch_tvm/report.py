@@ -37,9 +37,13 @@ def summary_lines(report: dict) -> list[str]:
         storage = plan.get("planned_storage_mb")
         if storage:
             stock = "n/a" if storage["stock"] is None else f"{storage['stock']:.1f} MB"
+            stock_workspace = ("n/a" if storage.get("stock_workspace") is None
+                               else f"{storage['stock_workspace']:.2f} MB")
             lines.append(f"  activation storage: {storage['korch']:.1f} MB vs {stock} for "
-                         f"FuseOps' groups; {storage['pieces_on_stock_plan']} piece(s) moved to "
-                         f"FuseOps' groups to stay within it")
+                         f"FuseOps' groups, largest kernel workspace "
+                         f"{storage.get('korch_workspace', 0):.2f} MB vs {stock_workspace}; "
+                         f"{storage['pieces_on_stock_plan']} piece(s) moved to FuseOps' groups "
+                         f"to stay within them")
         if plan.get("opaque_ops"):
             lines.append(f"  opaque ops kept as in the stock path: {', '.join(plan['opaque_ops'])}")
     elif report.get("modelled_ms") is not None:
