@@ -113,7 +113,10 @@ def test_without_a_gpu_korch_plans_on_predictions_and_builds_cuda(tmp_path, bert
     from korch_tvm.stock import run_stock
 
     target = parse_target("cuda")
-    config = KorchConfig(target=target, tuning_logs=str(tmp_path), trials=8)
+    # latency alone: within the stock plan's memory the plan does without kernels that keep
+    # a matmul's result whole for a reshaping epilogue (memory_plan.py), and the stock path's
+    # own plan is costed on another basis (its fused kernels' predictions)
+    config = KorchConfig(target=target, tuning_logs=str(tmp_path), trials=8, memory_limit="none")
     optimized, report = run_korch(bert, config)
     tuning = report["tuning"]
     assert tuning["predicted"] == tuning["kernels"] > 0

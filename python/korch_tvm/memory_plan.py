@@ -271,15 +271,17 @@ _WORKSPACES_KEPT = 200_000
 def kernel_workspace_bytes(func: tvm.tirx.PrimFunc) -> int:
     """Bytes a kernel stores whole of its own: intermediates its schedule cannot tile away.
 
-    Injective intermediates inline into their consumers, as the schedules start; a result its
-    one consumer reads element for element (a convolution's epilogue) is computed tile by tile
-    under that consumer, in registers; any other intermediate is stored whole.
+    Injective intermediates inline into their consumers, as the schedules start. A reduction's
+    result (a matmul's, a convolution's) cannot take its epilogue inlined; the schedules
+    compute it tile by tile under its one consumer where that consumer reads it element for
+    element (x * sigmoid(x) reads it twice), and otherwise (a reshape's fused index, a
+    concatenation's channel offset, a broadcast) store it whole.
     """
     func = inline_injective(func)
     schedule = tvm.s_tir.Schedule(func)
-    blocks = [schedule.get(rv) for rv in schedule.get_child_blocks(schedule.get_sblock("root"))]
     readers: dict = {}
-    for block in blocks:
+    for rv in schedule.get_child_blocks(schedule.get_sblock("root")):
+        block = schedule.get(rv)
         for region in block.reads:
             readers.setdefault(region.source, []).append((block, region))
     return sum(_buffer_bytes(buffer) for buffer in func.body.block.alloc_buffers
