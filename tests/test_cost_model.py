@@ -76,27 +76,33 @@ def test_kernel_shape_counts_bytes_and_flops():
 
 
 def test_model_beats_a_constant_on_held_out_kernels(measured, tmp_path):
+    """Three folds, each kernel held out once: on 9-10 held-out kernels a single split's rank
+    correlation moved between 0.47 and 0.87 from one timing of the same kernels to the next."""
     kernels, log, costs = measured
     samples = [CostSample(kernels[name], costs[name].seconds) for name in kernels]
     order = list(range(len(samples)))
     random.Random(0).shuffle(order)
-    held_out = [samples[i] for i in order[: len(samples) // 3]]
-    training = [samples[i] for i in order[len(samples) // 3:]]
-    model = CostModel.train(training, TARGET)
-    scores = evaluate(model, held_out)
+    folds = [order[k::3] for k in range(3)]
+    spearman = []
+    for fold in folds:
+        held_out = [samples[i] for i in fold]
+        training = [samples[i] for i in order if i not in fold]
+        model = CostModel.train(training, TARGET)
+        scores = evaluate(model, held_out)
 
-    class Constant:  # the best single guess: geometric mean of the training labels
-        seconds = math.exp(np.mean([math.log(s.seconds) for s in training]))
+        class Constant:  # the best single guess: geometric mean of the training labels
+            seconds = math.exp(np.mean([math.log(s.seconds) for s in training]))
 
-        def predict(self, kernel_mod):
-            return self.seconds
+            def predict(self, kernel_mod):
+                return self.seconds
 
-    constant = evaluate(Constant(), held_out)
-    print(f"held-out kernels: {scores}; constant: {constant}")
-    assert constant["spearman"] == 0.0
-    assert scores["count"] == len(held_out) >= 8
-    assert scores["spearman"] > 0.6
-    assert scores["median_relative_error"] < constant["median_relative_error"]
+        constant = evaluate(Constant(), held_out)
+        print(f"held-out kernels: {scores}; constant: {constant}")
+        assert constant["spearman"] == 0.0
+        assert scores["count"] == len(held_out) >= 8
+        assert scores["median_relative_error"] < constant["median_relative_error"]
+        spearman.append(scores["spearman"])
+    assert np.mean(spearman) > 0.6
 
     # save/load round trip: xgboost JSON + sidecar, identical predictions
     path = str(tmp_path / "cost_model.json")
