@@ -128,6 +128,14 @@ def test_zero_trials_measures_default_schedule_once(tmp_path, capsys):
     assert all(c.source == "log" and c.trials == 0 for c in again.values())
 
 
+def split_trace(kernel: tvm.IRModule, factor: int):
+    """A schedule of its own: the first loop split by `factor`."""
+    schedule = tvm.s_tir.Schedule(kernel)
+    block = schedule.get_child_blocks(schedule.get_sblock("root"))[0]
+    schedule.split(schedule.get_loops(block)[0], [None, factor])
+    return schedule.trace
+
+
 def test_a_large_kernel_keeps_its_fastest_default_schedule_and_no_trials_are_counted(tmp_path):
     """A 256x256 matmul has three default schedules: all are logged, the fastest first, its
     cost is the fastest's, and none of them counts as a tuning trial."""
@@ -140,8 +148,11 @@ def test_a_large_kernel_keeps_its_fastest_default_schedule_and_no_trials_are_cou
     assert cost.seconds == pytest.approx(min(times), rel=1e-5) == pytest.approx(times[0], rel=1e-5)
     assert log.default_seconds(kernel) == pytest.approx(cost.seconds, rel=1e-5)
     assert tuned_trials(log, kernel) == 0
-    for seconds in (1e-3, 2e-3):  # two records tuned by a korch_tvm that kept no count
-        log.commit_run(kernel, [seconds] * 3)
+    for record in log.database.get_all_tuning_records():  # a second compile sharing the log
+        log.commit_run(kernel, [float(s) for s in record.run_secs], trace=record.trace)
+    assert log.record_count(kernel) == 6 and tuned_trials(log, kernel) == 0  # same schedules
+    for factor in (4, 8):  # two records tuned by a korch_tvm that kept no count
+        log.commit_run(kernel, [1e-3] * 3, trace=split_trace(kernel, factor))
     assert tuned_trials(log, kernel) == 2
     log.add_tuning_attempts(kernel, 8)  # a round asked 8 trials: the count rules
     assert tuned_trials(log, kernel) == 8

@@ -322,15 +322,16 @@ def trial_allocation(kernels: Mapping[str, tvm.IRModule], shares: Mapping[str, f
 def tuned_trials(tuning_log: TuningLog, kernel_mod: tvm.IRModule) -> int:
     """Trials already spent on a kernel: the trials asked of MetaSchedule, which are at least
     the records they produced (its search may run out of candidates first); for a kernel the
-    log has no such count of (tuned by a korch_tvm from before the count, or never), its records
-    beyond the default-schedule measurements, one per default schedule. Deriving those
+    log has no such count of (tuned by a korch_tvm from before the count, or never), its distinct
+    schedules beyond the default ones (two compiles sharing a log may both measure a default
+    schedule: counted as trials, they left a shared log's kernels untuned). Deriving those
     schedules takes ~0.2 s per kernel, which a warm compile with a trial budget would pay for
     every planned kernel."""
     attempts = tuning_log.tuning_attempts(kernel_mod)
     if attempts:
         return attempts
     defaults = max(1, len(_default_schedules(kernel_mod, parse_target(tuning_log.target))))
-    return max(tuning_log.record_count(kernel_mod) - defaults, 0)
+    return max(tuning_log.schedule_count(kernel_mod) - defaults, 0)
 
 
 def tune_kernels(

@@ -233,6 +233,12 @@ class TuningLog:
         self.refresh()
         return len(self._table.runs(kernel_mod))
 
+    def schedule_count(self, kernel_mod: tvm.IRModule) -> int:
+        """Distinct schedules among the kernel's records: two compiles sharing the log may
+        both measure its default schedule, which is still one schedule, not a tuning trial."""
+        self.refresh()
+        return len({json.dumps(_record_json(run.record)[0]) for run in self._table.runs(kernel_mod)})
+
     def best_seconds(self, kernel_mod: tvm.IRModule) -> float | None:
         """Best mean run time; None without records, math.inf when every record failed."""
         self.refresh()
