@@ -111,21 +111,22 @@ def test_a_kernel_whose_workspace_the_stock_plan_has_no_room_for_is_left_out():
 
 
 def test_kernels_are_left_out_until_the_storage_fits():
-    """Every split of 0 -> 1 -> 2 stores a 1000-float intermediate: they go, piece by piece,
-    until the stock plan is left (the loop the planner runs)."""
-    graph, candidates, problems = _split_beats_fused()
+    """Every split of 0 -> 1 -> 2 stores a 1000-float intermediate: they are left out, round
+    by round, until only the stock plan is left, as the planner solves."""
+    graph, candidates, _ = _split_beats_fused()
     storage = _storage_model(graph, candidates)
-    left_out = set()
-    for _ in range(len(candidates)):
-        plans = [solve_orchestration(p.problem) for p in problems]
-        more = storage.left_out_for_memory(problems, plans)
-        if not more:
-            break
-        assert not more & left_out and not any(candidates[i].is_stock for i in more)
-        left_out |= more
+    rounds = []
+
+    def solve(left_out=frozenset()):
+        assert not any(candidates[i].is_stock for i in left_out)
+        rounds.append(left_out)
         _, _, problems = _split_beats_fused(leave_out=left_out)
+        return problems, [solve_orchestration(p.problem) for p in problems]
+
+    problems, plans = storage.cheapest_within_stock(solve)
     assert [candidates[i].nodes for i in plan_groups(problems, plans)] == [frozenset({0, 1, 2})]
     assert storage.report(problems, plans)["korch"] == 0.0
+    assert len(rounds) > 2 and all(a < b for a, b in zip(rounds, rounds[1:]))  # ever narrower
 
 
 def test_a_workspace_no_larger_than_the_stock_plans_is_always_room_enough():

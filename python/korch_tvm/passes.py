@@ -264,23 +264,19 @@ def _plan_in_layout(source: tvm.IRModule, mod: tvm.IRModule, layout: str, config
 
     def solve(costs, usable=kept):
         costs = scaled_costs(costs, factors)
-        left_out: set[int] = set()  # kernels the plan needs too much memory with
-        while True:
+
+        def solved(left_out=frozenset()):
             problems = orchestration_problems(graph, pieces, candidates,
                                               [i for i in usable if i not in left_out],
                                               kernels.keys, costs)
-            plans = [solve_orchestration(problem.problem, time_limit=config.solver_time_limit)
-                     for problem in problems]
-            if storage is None or config.memory_limit != "stock":
-                break
-            more = storage.left_out_for_memory(problems, plans)
-            if not more:
-                plans = storage.within_stock(problems, plans)
-                break
-            left_out |= more
-        if left_out:
-            logger.debug("%d kernels left out so that the plan needs no more memory than the "
-                         "stock plan", len(left_out))
+            return problems, [solve_orchestration(problem.problem,
+                                                  time_limit=config.solver_time_limit)
+                              for problem in problems]
+
+        if storage is not None and config.memory_limit == "stock":
+            problems, plans = storage.cheapest_within_stock(solved)
+        else:
+            problems, plans = solved()
         return problems, plans, plan_groups(problems, plans)
 
     if predict_only:
