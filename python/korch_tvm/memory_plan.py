@@ -10,7 +10,7 @@ as two kernels near the input left one more block in the pool, which later tenso
 over the whole plan; on the models checked it matches the built module's storage within 1 kB.
 
 Kernels also keep memory of their own: an intermediate their schedule cannot compute tile by
-tile (a convolution read by a concatenation at a channel offset) is stored whole, taken per
+tile (a convolution read by a concatenation, which spans more channels) is stored whole, taken per
 call from TVM's workspace pool, which keeps its largest size for the life of the process. On
 YOLOX-nano the plan's convolution-plus-concatenation kernels held a 0.69 MB workspace where the
 stock plan's largest was 0.37 MB, and its inference peak stood 0.16 MB above stock's although
@@ -202,9 +202,9 @@ class StorageModel:
                               ) -> tuple[list, list[Plan]]:
         """(subproblems, plans) needing no more memory than the stock plan, the cheaper of two
         ways: solving again without the kernels `left_out_for_memory` names until none is
-        left, or putting pieces back whole on their stock plans (`within_stock`). Leaving
-        kernels out keeps most of a piece's gains but narrows every later solve too; on
-        SegFormer-b0 (predicted costs) it modelled 0.6 % above putting two pieces back.
+        left, or putting pieces back whole on their stock plans (`within_stock`), where that
+        alone fits. Leaving kernels out keeps most of a piece's gains but narrows every later
+        solve too, so either can be the cheaper.
 
         `solve(left_out)` solves every piece without the candidates `left_out`.
         """

@@ -237,7 +237,8 @@ class TuningLog:
         """Distinct schedules among the kernel's records: two compiles sharing the log may
         both measure its default schedule, which is still one schedule, not a tuning trial."""
         self.refresh()
-        return len({json.dumps(_record_json(run.record)[0]) for run in self._table.runs(kernel_mod)})
+        runs = self._table.runs(kernel_mod)
+        return len({json.dumps(_record_json(run.record)[0]) for run in runs})
 
     def best_seconds(self, kernel_mod: tvm.IRModule) -> float | None:
         """Best mean run time; None without records, math.inf when every record failed."""
