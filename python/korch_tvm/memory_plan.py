@@ -166,10 +166,6 @@ class StorageModel:
         return max((self._workspace(step) for step in self._steps(subproblems, orders)),
                    default=0)
 
-    def footprint_bytes(self, subproblems, orders: Sequence[Sequence[int]]) -> int:
-        """Activation storage plus the largest kernel workspace."""
-        return self.storage_bytes(subproblems, orders) + self.workspace_bytes(subproblems, orders)
-
     def _steps(self, subproblems, orders) -> list[Step]:
         return [self.steps[s.candidate_ids[k]] for s, order in zip(subproblems, orders)
                 for k in order]
@@ -232,7 +228,7 @@ class StorageModel:
         bring it lowest, so that the piece is solved again without them (its stock plan gives
         up all of its gains, another plan few of them). Storage within it: the kernels whose
         workspace is larger than both the stock plan's largest and the room the stock plan's
-        footprint leaves beside this plan's storage.
+        storage plus workspace leaves beside this plan's storage.
         """
         stock = stock_orders(subproblems)
         if stock is None:
@@ -244,8 +240,9 @@ class StorageModel:
             piece = self._piece_to_revert(subproblems, plans, orders, stock)[2]
             chosen = [(piece, k) for k in orders[piece]]
         else:
-            room = max((stock_storage + self.workspace_bytes(subproblems, stock))
-                       * (1 + STORAGE_SLACK) - korch, self.workspace_bytes(subproblems, stock))
+            stock_workspace = self.workspace_bytes(subproblems, stock)
+            room = max((stock_storage + stock_workspace) * (1 + STORAGE_SLACK) - korch,
+                       stock_workspace)
             chosen = [(piece, k) for piece, order in enumerate(orders) for k in order
                       if self._workspace(self.steps[subproblems[piece].candidate_ids[k]]) > room]
         return {subproblems[piece].candidate_ids[k] for piece, k in chosen
