@@ -199,11 +199,13 @@ def aggregate(per_model_dir: str, stem: str, skipped: dict, machine: dict | None
         rows.append(model_row(file[:-5], result))
     ratios = [r["korch_vs_stock"] for r in rows]
     ort = [r["korch_vs_ort"] for r in rows if r["korch_vs_ort"] is not None]
+    ceilings = [r["orchestration_ceiling"] for r in rows if r["orchestration_ceiling"]]
     summary = {
         "models": rows,
         "geomean_korch_vs_stock": bench.geomean(ratios),
         "geomean_korch_vs_ort": bench.geomean(ort) if ort else None,
         "min_korch_vs_stock": min(ratios) if ratios else None,
+        "geomean_orchestration_ceiling": bench.geomean(ceilings) if ceilings else None,
         "failed": failed,
         "skipped": skipped,
     }
@@ -246,6 +248,8 @@ def code_version() -> dict:
 
 
 def model_row(name: str, result: dict) -> dict:
+    from korch_tvm.kind_profile import orchestration_ceiling  # imports TVM
+
     lat = result["latency_ms"]
     ratios = result["ratios"]
     korch = result["compile"]["korch"]
@@ -276,6 +280,8 @@ def model_row(name: str, result: dict) -> dict:
         "trials_budget": (result["trials_budget"] if result.get("trials_per_kernel") is None
                           else f"{result['trials_per_kernel']}/kernel"),
         "kind_profile_ms": result.get("kind_profile_ms"),
+        "orchestration_ceiling": (orchestration_ceiling(result["kind_profile_ms"]["stock"])
+                                  if "stock" in (result.get("kind_profile_ms") or {}) else None),
         "fast_math": bool(result.get("fast_math")),  # runs before fast math have no key
         "layout": {"stock": (warm_s or stock["cold"]).get("layout", "NCHW"),
                    "korch": (warm_k or korch["cold"]).get("layout", "NCHW")},
@@ -364,6 +370,14 @@ def markdown(summary: dict) -> str:
                "rows ran before fast math existed, and a model without those functions builds "
                "the same kernels either way). Layout: the activation layout each path chose "
                "(data_layout.py; rows from before the choice existed are NCHW).\n")
+    ceilings = [r for r in rows if r.get("orchestration_ceiling")]
+    if ceilings:
+        out.append("Orchestration ceiling (stock's in-model total over its time in convolutions "
+                   "and matmuls: the Korch/stock speed-up if every memory-bound kernel and VM "
+                   "builtin cost nothing): " + ", ".join(
+                       f"{DISPLAY.get(r['model'], r['model'])} "
+                       f"{_fmt(r['orchestration_ceiling'], 2, '×')}" for r in ceilings)
+                   + f"; geomean **{_fmt(summary['geomean_orchestration_ceiling'], 2, '×')}**.\n")
     out += kind_profile_table(rows)
     earlier = [r for r in rows if r.get("earlier_timings")]
     if earlier:

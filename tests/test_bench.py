@@ -183,7 +183,8 @@ def test_suite_table_from_a_result(tmp_path):
         "work": {"linear_flops": 2e9, "min_bytes": 2 ** 20},
         "floor": {"ms": 0.5, "bound": "compute",
                   "latency_over_floor": {"korch": 2.0, "stock": 4.0}},
-        "kind_profile_ms": {"korch": {"conv1x1": 0.75, "memory": 0.25, "runtime": 0.05},
+        "kind_profile_ms": {"stock": {"conv1x1": 1.5, "memory": 0.4, "runtime": 0.1},
+                            "korch": {"conv1x1": 0.75, "memory": 0.25, "runtime": 0.05},
                             "onnxruntime": {"conv1x1": 1.25, "memory": 0.25}},
     }
     directory = tmp_path / "llvm"
@@ -197,6 +198,9 @@ def test_suite_table_from_a_result(tmp_path):
     assert "| tiny | exact | NCHW / NHWC |" in table  # a compile without "layout" was NCHW
     assert "| tiny | korch | 0.75 | 0.00 | 0.00 | 0.00 | 0.00 | 0.25 | 0.05 | 1.05 |" in table
     assert "| tiny | onnxruntime | 1.25 |" in table
+    # stock's 2.0 ms of which 1.5 in convolutions: orchestration can buy at most 2.0 / 1.5
+    assert summary["models"][0]["orchestration_ceiling"] == pytest.approx(4 / 3)
+    assert "tiny 1.33×; geomean **1.33×**" in table
 
 
 def test_bench_and_retime_a_tiny_conv_model_end_to_end(tmp_path):
@@ -226,6 +230,9 @@ def test_bench_and_retime_a_tiny_conv_model_end_to_end(tmp_path):
         rows = result["in_model"]["kernels"][path]
         assert sum(r["isolated_ms"] for r in rows) == pytest.approx(compiled["modelled_ms"])
     assert any("layout" in line for line in bench.summary_lines(result))
+    # the stock run's memory-bound kernels (pads, layout changes) take some of its time
+    assert result["orchestration_ceiling"] > 1.0
+    assert any("orchestration ceiling" in line for line in bench.summary_lines(result))
     retimed = bench.retime(str(model), result, str(reports), with_ort=False, **timing)
     assert retimed["earlier_timings"][0]["samples_ms"] == result["samples_ms"]
     assert retimed["in_model"]["kernels"]["korch"], "the re-time profiles the kernels again"

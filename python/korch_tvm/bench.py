@@ -748,7 +748,7 @@ def _profile_into(result: dict, model, libraries, reports, input_shapes, threads
     """Time every kernel call in the running libraries (and ORT's nodes); put the time per kind
     and the isolated -> in-model join into result; return the joined rows per path."""
     from .in_model import fidelity_by_kind, kernel_rows
-    from .kind_profile import sum_by_kind
+    from .kind_profile import orchestration_ceiling, sum_by_kind
 
     kernel_ms, ort_kinds = profile_in_model(model, libraries, input_shapes, threads, with_ort)
     result["kind_profile_ms"] = {
@@ -756,6 +756,7 @@ def _profile_into(result: dict, model, libraries, reports, input_shapes, threads
         for path in ("stock", "korch")}
     if ort_kinds is not None:
         result["kind_profile_ms"]["onnxruntime"] = ort_kinds
+    result["orchestration_ceiling"] = orchestration_ceiling(result["kind_profile_ms"]["stock"])
     rows = {path: kernel_rows(reports[path], kernel_ms[path]) for path in ("stock", "korch")}
     result["in_model"] = {"by_kind": {path: fidelity_by_kind(rows[path]) for path in rows},
                           "kernels": rows}
@@ -964,6 +965,9 @@ def summary_lines(result: Mapping) -> list[str]:
 
         lines.append("  in-model time by kernel kind (per run):")
         lines += kind_table(result["kind_profile_ms"])
+    if result.get("orchestration_ceiling"):
+        lines.append(f"  orchestration ceiling {result['orchestration_ceiling']:.2f}x Korch/stock "
+                     "(stock's run without its memory-bound kernels and VM builtins)")
     for path, by_kind in (result.get("in_model") or {}).get("by_kind", {}).items():
         lines.append(f"  {path} kernels, isolated -> in-model ms: " + ", ".join(
             f"{kind} {entry['isolated_ms']:.2f} -> {entry['in_model_ms']:.2f}"

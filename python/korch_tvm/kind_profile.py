@@ -112,6 +112,19 @@ def ort_profiled_kind_times(make_session: Callable, inputs: Mapping, runs: int =
     return {**_empty(), **times}
 
 
+def orchestration_ceiling(stock_kind_ms: Mapping[str, float]) -> float | None:
+    """The Korch/stock speed-up a plan would reach if every memory-bound kernel and VM builtin
+    of the stock run cost nothing while its convolutions and matmuls ran as they do.
+
+    Orchestration regroups the memory-bound work around the compute-bound kernels (both paths
+    tune those the same way), so this bounds what it can buy on a model: a target above it
+    needs faster compute kernels, not a better plan. None without compute-bound time.
+    """
+    total = sum(stock_kind_ms.values())
+    compute = total - stock_kind_ms.get("memory", 0.0) - stock_kind_ms.get(RUNTIME, 0.0)
+    return total / compute if compute > 0 else None
+
+
 def kind_table(profiles: Mapping[str, Mapping[str, float]]) -> list[str]:
     """Rows "kind  ms per runtime ..." for the kinds where some runtime spends time."""
     names = list(profiles)
