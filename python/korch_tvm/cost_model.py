@@ -19,6 +19,7 @@ import tvm
 
 from .errors import KorchError
 from .kernels import kernel_blocks, kernel_flops, written_params
+from .memo import KeyedMemo
 from .metaschedule_setup import prepare_for_target
 from .prediction_cache import PredictionCache, file_digest
 from .target import host_core_count, parse_target
@@ -269,19 +270,12 @@ def predict_kernels(tuning_log, target, modules: Mapping[str, tvm.IRModule]) -> 
     return cache.predict_all(modules, CostModel.load(path).predict_many)
 
 
-# Roofline estimates by (structural key, target): a compile that plans a model in two layouts
-# and then region by region (region_layout.py) meets most kernels three times.
-_ESTIMATES: dict[tuple[str, str], float] = {}
-_ESTIMATES_KEPT = 200_000
+# Roofline estimates by (structural key, target).
+_ESTIMATES: KeyedMemo[float] = KeyedMemo()
 
 
 def _remembered_estimate(key: str, module: tvm.IRModule, target) -> float:
-    remembered = (key, str(target))
-    if remembered not in _ESTIMATES:
-        if len(_ESTIMATES) >= _ESTIMATES_KEPT:
-            _ESTIMATES.clear()
-        _ESTIMATES[remembered] = analytic_estimate(module, target)
-    return _ESTIMATES[remembered]
+    return _ESTIMATES.get((key, str(target)), lambda: analytic_estimate(module, target))
 
 
 def train_log_model(tuning_log, **kwargs) -> tuple[CostModel, dict]:

@@ -29,6 +29,7 @@ import tvm
 from tvm.relax.analysis import has_reshape_pattern
 
 from .cpu_schedule import inline_injective
+from .memo import KeyedMemo
 from .orchestration import Plan, execution_order
 from .primitive_kinds import LAYOUT
 from .toposort import ordered_topologically
@@ -175,12 +176,8 @@ class StorageModel:
             return step.workspace
         if step.kernel is None or step.kernel not in self.kernel_modules:
             return 0
-        if step.kernel not in _WORKSPACES:
-            if len(_WORKSPACES) >= _WORKSPACES_KEPT:
-                _WORKSPACES.clear()
-            _WORKSPACES[step.kernel] = kernel_workspace_bytes(
-                self.kernel_modules[step.kernel]["main"])
-        return _WORKSPACES[step.kernel]
+        return _WORKSPACES.get(step.kernel, lambda: kernel_workspace_bytes(
+            self.kernel_modules[step.kernel]["main"]))
 
     def report(self, subproblems, plans: Sequence[Plan]) -> dict:
         """Megabytes of storage and of the largest kernel workspace for this plan and the
@@ -285,9 +282,8 @@ class StorageModel:
         return plans
 
 
-# Workspace bytes by kernel key: a compile plans a model in two layouts and region by region.
-_WORKSPACES: dict[str, int] = {}
-_WORKSPACES_KEPT = 200_000
+# Workspace bytes by kernel key.
+_WORKSPACES: KeyedMemo[int] = KeyedMemo()
 
 
 def kernel_workspace_bytes(func: tvm.tirx.PrimFunc) -> int:
