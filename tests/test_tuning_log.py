@@ -131,6 +131,43 @@ _WRITER = textwrap.dedent(
 )
 
 
+def test_records_are_read_only_when_used_and_an_unreadable_one_is_skipped(tmp_path, caplog,
+                                                                           monkeypatch):
+    """Opening a log checks each record's shape but replays no trace (8 ms a record); a record
+    whose trace does not apply to its kernel is found when first used, warned about, and the
+    next best record serves instead."""
+    import json
+
+    from korch_tvm import tuning_log
+
+    mod = small_kernels((16,))["sum_16"]
+    log = TuningLog(tmp_path, TARGET)
+    log.commit_run(mod, [3e-5])
+    log.commit_run(mod, [2e-5])
+    record_path = os.path.join(log.directory, RECORD_FILE)
+    lines = open(record_path).read().splitlines()
+    broken = json.loads(lines[1])
+    broken[1][0][0][0][0] = "NoSuchInstruction"  # the first instruction of the faster record
+    open(record_path, "w").write(lines[0] + "\n" + json.dumps(broken) + "\n")
+
+    reads = []
+    real_from_json = tuning_log.TuningRecord.from_json
+    monkeypatch.setattr(tuning_log.TuningRecord, "from_json",
+                        staticmethod(lambda *args: reads.append(1) or real_from_json(*args)))
+    with caplog.at_level(logging.WARNING, logger="korch_tvm.tuning_log"):
+        reopened = TuningLog(tmp_path, TARGET)
+        assert reads == [] and reopened.record_count(mod) == 2 and reopened.schedule_count(mod) == 2
+        assert reopened.best_seconds(mod) == pytest.approx(2e-5)  # from the line, unread
+        best = reopened.best_record(mod)
+    assert mean_of(best) == pytest.approx(3e-5) and len(reads) == 2
+    assert "record line 2 cannot be read" in caplog.text
+    assert reopened.best_seconds(mod) == pytest.approx(3e-5)  # the unreadable one is failed
+
+
+def mean_of(record) -> float:
+    return sum(float(t) for t in record.run_secs) / len(record.run_secs)
+
+
 def test_two_processes_write_one_log(tmp_path):
     root, go = str(tmp_path / "logs"), str(tmp_path / "go")
     script = _WRITER.format(tests=os.path.dirname(__file__), root=root,

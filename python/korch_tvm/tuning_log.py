@@ -31,7 +31,6 @@ import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import NamedTuple
 
 import tvm
 import tvm_ffi
@@ -56,12 +55,53 @@ FAILED_RUN_SECONDS = 1e10
 _WARNED_TIMED_WARM: set[str] = set()  # directories whose warm-timed records were reported
 
 
-class _Run(NamedTuple):
-    """One record of a workload: its mean time and its line in the record file."""
+class _Run:
+    """One record of a workload: its mean time, its line in the record file, and the record,
+    read from its JSON only when asked for.
 
-    seconds: float
-    record: TuningRecord
-    file_line: int
+    Reading a record replays its schedule trace on the workload (about 8 ms each): a log
+    shared by a few models holds thousands, and a compile needs the best of a few hundred.
+    """
+
+    __slots__ = ("seconds", "file_line", "json", "workload", "_record")
+
+    def __init__(self, json_value: list, workload: Workload, file_line: int) -> None:
+        self.json = json_value  # [trace, run_secs, target, args_info], as in the file
+        self.workload = workload
+        self.file_line = file_line
+        self.seconds = mean_seconds(json_value[1])
+        self._record: TuningRecord | None = None
+
+    @property
+    def samples(self) -> int:
+        return len(self.json[1] or [])
+
+    @property
+    def schedule(self) -> str:
+        """The record's trace as text: equal for the same schedule, whoever measured it."""
+        return json.dumps(self.json[0])
+
+    @property
+    def record(self) -> TuningRecord:
+        if self._record is None:
+            self._record = TuningRecord.from_json(self.json, self.workload)
+        return self._record
+
+    def readable_record(self) -> TuningRecord | None:
+        """The record, or None (with a warning, and the run counted as failed from then on)
+        when its trace does not apply to its workload: a record no build can use."""
+        try:
+            return self.record
+        except Exception as err:  # noqa: BLE001 - TVM raises its own error types
+            logger.warning("tuning log: record line %d cannot be read, so it is not used (%s)",
+                           self.file_line + 1, _short(err))
+            self.seconds = math.inf
+            return None
+
+    def moved_to(self, file_line: int) -> _Run:
+        run = _Run(self.json, self.workload, file_line)
+        run._record, run.seconds = self._record, self.seconds
+        return run
 
 
 @dataclass(frozen=True)
@@ -160,9 +200,9 @@ class _Table:
         self.workloads[line] = workload
         self.canonical[line] = found
 
-    def add_record(self, line: int, record: TuningRecord) -> None:
+    def add_record(self, line: int, record_json: list) -> None:
         runs = self.records.setdefault(self.canonical[line], [])
-        runs.append(_Run(mean_seconds(record.run_secs), record, self.record_lines))
+        runs.append(_Run(record_json, self.workloads[line], self.record_lines))
         self.record_lines += 1
 
     def runs(self, mod: tvm.IRModule) -> list[_Run]:
@@ -175,15 +215,21 @@ class _Table:
             return line - sum(gone < line for gone in file_lines)
 
         for canonical, runs in self.records.items():
-            self.records[canonical] = [run._replace(file_line=moved(run.file_line))
+            self.records[canonical] = [run.moved_to(moved(run.file_line))
                                        for run in runs if run.file_line not in file_lines]
         self.record_lines -= len(file_lines)
 
     def top_k(self, mod: tvm.IRModule, k: int, keep=lambda record: True) -> list[TuningRecord]:
-        ranked = sorted((run for run in self.runs(mod)
-                         if math.isfinite(run.seconds) and keep(run.record)),
-                        key=lambda run: run.seconds)
-        return [run.record for run in ranked[:k]]
+        """The `k` fastest readable records that `keep` accepts (only those are read)."""
+        best = []
+        for run in sorted((run for run in self.runs(mod) if math.isfinite(run.seconds)),
+                          key=lambda run: run.seconds):
+            if len(best) == k:
+                break
+            record = run.readable_record()
+            if record is not None and keep(record):
+                best.append(record)
+        return best
 
     def size(self) -> int:
         return sum(len(runs) for runs in self.records.values())
@@ -196,13 +242,23 @@ def _parse_workload(line: bytes) -> Workload:
     return Workload.from_json(value)
 
 
-def _parse_record(line: bytes, table: _Table) -> tuple[int, TuningRecord]:
+def _parse_record(line: bytes, table: _Table) -> tuple[int, list]:
+    """(workload line, the record's JSON), its shape checked; the trace is read when used."""
     value = json.loads(line)
     if not (isinstance(value, list) and len(value) == 2 and isinstance(value[0], int)):
         raise ValueError("not a [workload index, record] pair")
     if value[0] not in table.workloads:
         raise ValueError(f"workload index {value[0]} is missing or corrupt")
-    return value[0], TuningRecord.from_json(value[1], table.workloads[value[0]])
+    record = value[1]
+    if not (isinstance(record, list) and len(record) == 4):
+        raise ValueError("not a [trace, run_secs, target, args_info] record")
+    trace, run_secs = record[:2]
+    if not (isinstance(trace, list) and len(trace) == 2 and all(isinstance(t, list) for t in trace)):
+        raise ValueError("the trace is not an [instructions, decisions] pair")
+    if run_secs is not None and not (isinstance(run_secs, list) and all(
+            isinstance(t, (int, float)) and not isinstance(t, bool) for t in run_secs)):
+        raise ValueError("run_secs is not a list of numbers")
+    return value[0], record
 
 
 class TuningLog:
@@ -238,7 +294,7 @@ class TuningLog:
         both measure its default schedule, which is still one schedule, not a tuning trial."""
         self.refresh()
         runs = self._table.runs(kernel_mod)
-        return len({json.dumps(_record_json(run.record)[0]) for run in runs})
+        return len({run.schedule for run in runs})
 
     def best_seconds(self, kernel_mod: tvm.IRModule) -> float | None:
         """Best mean run time; None without records, math.inf when every record failed."""
@@ -274,7 +330,8 @@ class TuningLog:
         runs = self._table.runs(kernel_mod)
         earlier = min((run.seconds for run in runs[:since]), default=math.inf)
         later = [run for run in runs[since:] if run.seconds < earlier]
-        return [run.record for run in sorted(later, key=lambda run: run.seconds)]
+        records = (run.readable_record() for run in sorted(later, key=lambda run: run.seconds))
+        return [record for record in records if record is not None]
 
     def set_aside(self, kernel_mod: tvm.IRModule, records: Sequence[TuningRecord]) -> None:
         """Take `records` (found wrong) out of the log, so no build or plan uses them again.
@@ -290,7 +347,8 @@ class TuningLog:
             # by content: the table may have been reloaded (new objects) since they were read
             wrong = {_record_key(record) for record in records}
             lines = {run.file_line for run in self._table.runs(kernel_mod)
-                     if _record_key(run.record) in wrong}
+                     if (record := run.readable_record()) is not None
+                     and _record_key(record) in wrong}
             if not lines:  # another process set them aside first
                 return
             if self.writable:
@@ -375,8 +433,8 @@ class TuningLog:
         three back-to-back calls, two of them on warm caches): they read faster than a new
         measurement of the same kernel would."""
         cpu = self.target.kind.name == "llvm"
-        return sum(_timed_warm(cpu, seconds, len(record.run_secs))
-                   for runs in self._table.records.values() for seconds, record, _ in runs)
+        return sum(_timed_warm(cpu, run.seconds, run.samples)
+                   for runs in self._table.records.values() for run in runs)
 
     def _warn_if_timed_warm(self) -> None:
         """Once per directory and process: a compile opens its log several times."""
@@ -572,10 +630,10 @@ class TuningLog:
             if line is None:
                 self._commit_workload(record.workload.mod)
                 line = table.find(record.workload.mod)
-            record = TuningRecord.from_json(_record_json(record), table.workloads[line])
-            data = _dump_line([line, _record_json(record)])
+            record_json = _record_json(record)
+            data = _dump_line([line, record_json])
             self._append(RECORD_FILE, data)
-            table.add_record(line, record)
+            table.add_record(line, json.loads(data)[1])  # as a reader of the file sees it
             table.record_bytes += len(data) if self.writable else 0
 
 
@@ -637,7 +695,9 @@ class _LogDatabase(PyDatabase):
 
     def get_all_tuning_records(self) -> list[TuningRecord]:
         table = self._log._table
-        return [run.record for _, runs in sorted(table.records.items()) for run in runs]
+        records = (run.readable_record() for _, runs in sorted(table.records.items())
+                   for run in runs)
+        return [record for record in records if record is not None]
 
     def __len__(self) -> int:
         return self._log._table.size()
