@@ -45,6 +45,7 @@ from tvm import relax
 
 from . import interrupts
 from .config import LAYOUT_CHOICES
+from .constant_folding import fold_constants
 from .errors import KorchError
 from .fission import mutate_relax_functions
 
@@ -64,14 +65,15 @@ def check_layout(layout: str) -> str:
 
 
 def convert_layout(mod: tvm.IRModule, layout: str) -> tvm.IRModule:
-    """`mod` with its convolutions (and whatever follows them) in `layout`."""
+    """`mod` with its convolutions (and whatever follows them) in `layout`, and its constant
+    expressions folded."""
     check_layout(layout)
     if layout not in _CONV_LAYOUTS:
-        return mod
-    folded = relax.transform.FoldConstant()(mod)  # constant operands become Constants
+        return fold_constants(mod)
+    folded = fold_constants(mod)  # constant operands become Constants
     friendly = mutate_relax_functions(_LayoutFriendlyForms(folded), folded)
     converted = relax.transform.ConvertLayout({"relax.nn.conv2d": _CONV_LAYOUTS[layout]})(friendly)
-    return relax.transform.FoldConstant()(converted)
+    return fold_constants(converted)
 
 
 def layout_variants(mod: tvm.IRModule, layout: str) -> dict[str, tvm.IRModule]:

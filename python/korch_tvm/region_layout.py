@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import tvm
 from tvm import relax
 
+from .constant_folding import fold_constants
 from .data_layout import LAYOUTS, convert_layout, is_conv2d
 from .fission import mutate_relax_functions
 
@@ -61,7 +62,7 @@ def split_regions(mod: tvm.IRModule, min_bindings: int | None = None,
     first in an NHWC region would run in NCHW between two transposes. The regions refer to the
     folded module, in which a weight's reshape is a constant, not a tensor crossing every cut.
     Fewer than two regions means the model has nowhere to switch layout."""
-    mod = relax.transform.FoldConstant()(mod)
+    mod = fold_constants(mod)
     func = mod["main"]
     bindings = _plain_bindings(func)
     if bindings is None or _has_weight_parameters(func):
