@@ -262,6 +262,15 @@ def _plan_in_layout(source: tvm.IRModule, mod: tvm.IRModule, layout: str, config
                     ", ".join(f"{kind} {ratio:.2f}"
                               for kind, ratio in sorted(in_model.kind_ratios().items())))
 
+    # Plans by problem (costs included): each lazy-costing round and each memory round
+    # changes a few pieces, and the others need not be solved again.
+    solutions: dict = {}
+
+    def solve_piece(problem):
+        if problem not in solutions:
+            solutions[problem] = solve_orchestration(problem, time_limit=config.solver_time_limit)
+        return solutions[problem]
+
     def solve(costs, usable=kept):
         costs = scaled_costs(costs, factors)
 
@@ -269,9 +278,7 @@ def _plan_in_layout(source: tvm.IRModule, mod: tvm.IRModule, layout: str, config
             problems = orchestration_problems(graph, pieces, candidates,
                                               [i for i in usable if i not in left_out],
                                               kernels.keys, costs)
-            return problems, [solve_orchestration(problem.problem,
-                                                  time_limit=config.solver_time_limit)
-                              for problem in problems]
+            return problems, [solve_piece(problem.problem) for problem in problems]
 
         if storage is not None and config.memory_limit == "stock":
             problems, plans = storage.cheapest_within_stock(solved)
