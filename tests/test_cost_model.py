@@ -55,12 +55,18 @@ def varied_kernels() -> dict[str, tvm.IRModule]:
 
 @pytest.fixture(scope="module")
 def measured(tmp_path_factory):
-    """Every kernel measured once (default schedule, cold cache) into a fresh log."""
+    """Every kernel measured (default schedule, cold cache) into a fresh log, and again into
+    another: (kernels, the first log, its costs, each kernel's lower time of the two). A busy
+    machine only adds time, and one stalled run put a 16x32 exp at 0.9 ms and every fold's
+    ranks out of order."""
     kernels = varied_kernels()
     log = TuningLog(tmp_path_factory.mktemp("logs"), TARGET)
     costs = profile_kernels(kernels, TARGET, log, trials=0, progress=False)
     assert all(c.source == "measured" for c in costs.values())
-    return kernels, log, costs
+    again = profile_kernels(kernels, TARGET, TuningLog(tmp_path_factory.mktemp("again"), TARGET),
+                            trials=0, progress=False)
+    least = {name: min(costs[name].seconds, again[name].seconds) for name in kernels}
+    return kernels, log, costs, least
 
 
 def test_kernel_shape_counts_bytes_and_flops():
@@ -79,8 +85,8 @@ def test_model_beats_a_constant_on_held_out_kernels(measured, tmp_path):
     """Three folds, each kernel held out once, judged on their means: on 9-10 held-out kernels
     one split's rank correlation moved between 0.47 and 0.87 from one timing of the same
     kernels to the next, and one fold's median error was the constant's (0.97 vs 0.95)."""
-    kernels, log, costs = measured
-    samples = [CostSample(kernels[name], costs[name].seconds) for name in kernels]
+    kernels, _, _, least = measured
+    samples = [CostSample(kernels[name], least[name]) for name in kernels]
     order = list(range(len(samples)))
     random.Random(0).shuffle(order)
     folds = [order[k::3] for k in range(3)]
@@ -120,7 +126,7 @@ def test_model_beats_a_constant_on_held_out_kernels(measured, tmp_path):
 
 
 def test_model_trains_from_the_tuning_log(measured):
-    kernels, log, costs = measured
+    kernels, log, costs, _ = measured
     model = CostModel.from_tuning_log(log)
     assert model.trained_on == len(kernels)
     fitted = evaluate(model, [CostSample(kernels[n], costs[n].seconds) for n in kernels])
