@@ -5,7 +5,8 @@
 Needs matplotlib (in bench/requirements-models.txt, i.e. the benchmark-model environment; the
 project's own environment does not need it). Two panels: Korch's speed-up over stock TVM and
 over ONNX Runtime per model (log scale, 1.0 marked), with the p10-p90 range of the per-round
-paired ratio as error bars; and latency over the physical floor per runtime.
+paired ratio as error bars and the orchestration ceiling (what removing all of stock's
+memory-bound time would give) as a red mark; and latency over the physical floor per runtime.
 """
 
 from __future__ import annotations
@@ -54,6 +55,10 @@ def main(argv=None) -> int:
                 left.annotate(f"{value:.2f}", (bar.get_x() + bar.get_width() / 2, value),
                               ha="center", va="bottom", fontsize=8, xytext=(0, 2),
                               textcoords="offset points")
+    ceilings = [r.get("orchestration_ceiling") or float("nan") for r in rows]
+    if any(math.isfinite(c) for c in ceilings):  # runs before the ceiling was reported have none
+        left.scatter([i - width / 2 for i in x], ceilings, marker="_", s=900, color="#d62728",
+                     linewidths=3, zorder=3, label="orchestration ceiling (Korch / stock)")
     left.axhline(1.0, color="black", linewidth=0.8)
     left.set_yscale("log")
     plain = matplotlib.ticker.FuncFormatter(lambda value, _: f"{value:g}")
