@@ -435,6 +435,23 @@ def test_ctrl_c_that_tvm_turned_into_a_runtime_error_still_exits_as_interrupted(
         signal.signal(signal.SIGINT, previous)
     assert "interrupted" in capsys.readouterr().err
 
+    class TornDownOnCtrlC:
+        def __del__(self):
+            raise KeyboardInterrupt  # where Python can only report it and go on
+
+    def interrupted_where_python_ignores_it(args):
+        TornDownOnCtrlC()  # a pool torn down as Ctrl-C arrives (seen in CI: exit 0)
+        return 0
+
+    monkeypatch.setitem(cli.COMMANDS, "logs", interrupted_where_python_ignores_it)
+    capsys.readouterr()
+    try:
+        assert cli.main(["logs", "somewhere"]) == 130
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    err = capsys.readouterr().err
+    assert "interrupted" in err and "Traceback" not in err and "Exception ignored" not in err
+
     def a_real_bug(args):
         raise RuntimeError("boom")
 

@@ -300,7 +300,10 @@ def main(argv=None) -> int:
     configure_logging(getattr(args, "verbose", 0), getattr(args, "quiet", False))
     interrupts.install()
     try:
-        return COMMANDS[args.command](args)
+        code = COMMANDS[args.command](args)
+        # a Ctrl-C raised where Python ignores it (an object's __del__, say: TVM's worker pools
+        # are torn down in one) let the run go on; it still ends as interrupted
+        return _interrupted() if interrupts.pressed() else code
     except KorchError as err:
         print(f"korch-tvm: error: {err}", file=sys.stderr)
         return EXIT_USER_ERROR

@@ -9,6 +9,7 @@ reporting such an error as an internal one, so an interrupted run still ends as 
 from __future__ import annotations
 
 import signal
+import sys
 import threading
 
 _PRESSED = threading.Event()
@@ -21,10 +22,28 @@ def note_and_raise(signum, frame):
 
 
 def install() -> None:
-    """Use `note_and_raise` for SIGINT (main thread only, as `signal` requires)."""
+    """Use `note_and_raise` for SIGINT (main thread only, as `signal` requires).
+
+    A KeyboardInterrupt raised where Python cannot pass it on (an object's `__del__`: TVM's
+    worker pools are torn down in one) is printed as an ignored exception with a traceback and
+    the run goes on; it is only noted here, and the command line ends the run as interrupted.
+    """
     _PRESSED.clear()
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGINT, note_and_raise)
+    if sys.unraisablehook is not _quiet_interrupt:
+        _quiet_interrupt.previous = sys.unraisablehook
+        sys.unraisablehook = _quiet_interrupt
+
+
+def _quiet_interrupt(unraisable) -> None:
+    if issubclass(unraisable.exc_type, KeyboardInterrupt):
+        _PRESSED.set()
+    else:
+        _quiet_interrupt.previous(unraisable)
+
+
+_quiet_interrupt.previous = sys.__unraisablehook__
 
 
 def note() -> None:

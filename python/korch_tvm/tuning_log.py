@@ -10,7 +10,9 @@ can use, merge and share the files. Three things the stock database does not do,
   lines other processes appended, and is one `O_APPEND` write of a whole line.
 * **Corruption.** The stock loader aborts on one bad line. Here a bad line is logged, copied
   verbatim to `<file>.corrupt` (never silently destroyed) and removed; a bad workload line in the
-  middle is replaced by a copy of a good one so that every other line keeps its number.
+  middle is replaced by a copy of a good one so that every other line keeps its number. A
+  record's schedule trace is replayed only when the record is used (8 ms a record); one that
+  does not apply to its kernel is then warned about and skipped.
 * **Read-only directories.** Records already there are used; new ones are kept in memory and a
   warning says they will not be saved (a shared, committed log stays usable, never half-written).
 * **Wrong records.** A record found to compute something other than its kernel
@@ -81,17 +83,14 @@ class _Run:
         """The record's trace as text: equal for the same schedule, whoever measured it."""
         return json.dumps(self.json[0])
 
-    @property
-    def record(self) -> TuningRecord:
-        if self._record is None:
-            self._record = TuningRecord.from_json(self.json, self.workload)
-        return self._record
-
     def readable_record(self) -> TuningRecord | None:
         """The record, or None (with a warning, and the run counted as failed from then on)
         when its trace does not apply to its workload: a record no build can use."""
+        if self._record is not None:
+            return self._record
         try:
-            return self.record
+            self._record = TuningRecord.from_json(self.json, self.workload)
+            return self._record
         except Exception as err:  # noqa: BLE001 - TVM raises its own error types
             logger.warning("tuning log: record line %d cannot be read, so it is not used (%s)",
                            self.file_line + 1, _short(err))
@@ -630,8 +629,7 @@ class TuningLog:
             if line is None:
                 self._commit_workload(record.workload.mod)
                 line = table.find(record.workload.mod)
-            record_json = _record_json(record)
-            data = _dump_line([line, record_json])
+            data = _dump_line([line, _record_json(record)])
             self._append(RECORD_FILE, data)
             table.add_record(line, json.loads(data)[1])  # as a reader of the file sees it
             table.record_bytes += len(data) if self.writable else 0
