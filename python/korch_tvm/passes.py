@@ -32,8 +32,9 @@ from .in_model import load_in_model_times, scaled_costs
 from .kernel_kinds import kernel_kind, module_kernel_kinds, plan_kind_times
 from .kernels import distinct_kernels, structural_key
 from .lazy_costing import solve_lazily
+from .memo import KeyedMemo
 from .memory_plan import StorageModel
-from .orchestration import solve_orchestration
+from .orchestration import Plan, solve_orchestration
 from .partition import partition_graph
 from .planning import orchestration_problems, plan_groups, plan_report, prune_by_prediction
 from .pooled_builder import PooledBuilder
@@ -264,12 +265,11 @@ def _plan_in_layout(source: tvm.IRModule, mod: tvm.IRModule, layout: str, config
 
     # Plans by problem (costs included): each lazy-costing round and each memory round
     # changes a few pieces, and the others need not be solved again.
-    solutions: dict = {}
+    solutions: KeyedMemo[Plan] = KeyedMemo()
 
     def solve_piece(problem):
-        if problem not in solutions:
-            solutions[problem] = solve_orchestration(problem, time_limit=config.solver_time_limit)
-        return solutions[problem]
+        return solutions.get(problem, lambda: solve_orchestration(
+            problem, time_limit=config.solver_time_limit))
 
     def solve(costs, usable=kept):
         costs = scaled_costs(costs, factors)
