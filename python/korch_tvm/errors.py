@@ -1,8 +1,21 @@
-"""The one exception users see: its message is a single line saying what is wrong and what to do."""
+"""The exceptions users see: each message is a single line saying what is wrong and what to do.
+
+Two kinds, because the fix lies in different places: `KorchError` is the user's input (a model,
+a flag, a log: exit 2), `EnvironmentFault` is the machine (disk full, permissions, memory:
+exit 1). Anything else that escapes is a bug of ours (exit 3).
+"""
 
 
 class KorchError(Exception):
-    """Bad input or an unusable configuration; the CLI prints it as one line and exits non-zero."""
+    """Bad input or an unusable configuration; the CLI prints it as one line and exits 2."""
+
+
+class EnvironmentFault(KorchError):
+    """The machine refused: no space, no permission, not enough memory. The CLI exits 1.
+
+    A subclass of `KorchError` so that code catching input errors also catches these; the CLI
+    checks for it first.
+    """
 
 
 def error_summary(text: str, limit: int = 300) -> str:
