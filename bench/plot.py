@@ -1,12 +1,13 @@
-"""Plot the suite's per-model ratios from bench/results/<target>.json into a PNG.
+"""Plot the suite's per-model results from bench/results/<target>.json into a PNG.
 
-    bench/.venv-models/bin/python bench/plot.py bench/results/llvm.json -o bench/results/llvm.png
+    .venv/bin/python bench/plot.py bench/results/llvm.json -o bench/results/llvm.png
 
-Needs matplotlib (in bench/requirements-models.txt, i.e. the benchmark-model environment; the
-project's own environment does not need it). Two panels: Korch's speed-up over stock TVM and
-over ONNX Runtime per model (log scale, 1.0 marked), with the p10-p90 range of the per-round
-paired ratio as error bars and the orchestration ceiling (what removing all of stock's
-memory-bound time would give) as a red mark; and latency over the physical floor per runtime.
+Needs matplotlib (the project's optional `plot` extra, which `make install` installs). Three
+panels: each engine's latency per model with its p10-p90 range (the same drawing `korch-tvm
+bench` writes for one model, korch_tvm.bench_plot); Korch's speed-up over stock TVM and over
+ONNX Runtime per model (log scale, 1.0 marked), with the p10-p90 range of the per-round paired
+ratio as error bars and the orchestration ceiling (what removing all of stock's memory-bound
+time would give) as a red mark; and latency over the physical floor per runtime.
 """
 
 from __future__ import annotations
@@ -16,6 +17,9 @@ import json
 import math
 import os
 import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
+from korch_tvm.bench_plot import draw_latency_panel, plot_title, suite_latencies  # noqa: E402
 
 DISPLAY = {"bert_layer": "BERT layer", "yolox_nano": "YOLOX-nano",
            "efficientvit_b0": "EfficientViT-b0", "candy": "Candy", "segformer_b0": "SegFormer-b0",
@@ -38,7 +42,10 @@ def main(argv=None) -> int:
     rows = summary["models"]
     names = [DISPLAY.get(r["model"], r["model"]) for r in rows]
     x = list(range(len(rows)))
-    fig, (left, right) = plt.subplots(1, 2, figsize=(13, 4.8))
+    fig, (latency, left, right) = plt.subplots(1, 3, figsize=(19, 4.8))
+    draw_latency_panel(latency, [(DISPLAY.get(model, model), engines)
+                                 for model, engines in suite_latencies(summary)])
+    latency.set_title(plot_title(summary), fontsize=8)
 
     width = 0.38
     series = ((-width / 2, "korch_vs_stock", "Korch / stock TVM", "#1f77b4"),

@@ -236,3 +236,71 @@ def test_bench_and_retime_a_tiny_conv_model_end_to_end(tmp_path):
     retimed = bench.retime(str(model), result, str(reports), with_ort=False, **timing)
     assert retimed["earlier_timings"][0]["samples_ms"] == result["samples_ms"]
     assert retimed["in_model"]["kernels"]["korch"], "the re-time profiles the kernels again"
+
+
+def _recorded_result():
+    """A bench result as `korch-tvm bench --json` writes it, cut to what the plot reads."""
+    samples = {"stock": [2.0, 2.1, 2.4, 2.0], "korch": [1.0, 1.2, 1.1, 1.0],
+               "onnxruntime": [1.5, 1.5, 1.9, 1.6], "openvino": [1.3, 1.4, 1.3, 1.3]}
+    return {"model": "tiny.onnx", "threads": 2, "trials_budget": 64, "trials_per_kernel": None,
+            "machine": {"cpu": "Test CPU", "cores": 2},
+            "latency_ms": {k: bench.summarize_samples(v) for k, v in samples.items()}}
+
+
+def _png_size(path):
+    data = open(path, "rb").read()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n", "not a PNG"
+    assert data[12:16] == b"IHDR"
+    return int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
+
+
+def test_bench_writes_its_latency_plot_from_a_recorded_result(tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    from korch_tvm import bench_plot
+
+    result = _recorded_result()
+    path = tmp_path / "tiny.png"
+    assert bench_plot.write_bench_plot(result, str(path)) == str(path)
+    width, height = _png_size(path)
+    assert 300 <= width <= 2000 and 300 <= height <= 1200, (width, height)
+    assert bench_plot.plot_title(result).startswith(
+        "Latency per engine, median and p10-p90 (64 trials per compile, 2 threads, Test CPU")
+    assert [key for key, _, _ in bench_plot.engine_order(bench_plot.bench_latencies(result))] == [
+        "stock", "korch", "onnxruntime", "openvino"]
+    # the CLI's default: beside the JSON
+    args = type("Args", (), {"json": str(tmp_path / "out.json"), "quiet": True, "plot": None,
+                             "draw_plot": True, "model": "m/tiny.onnx"})()
+    result.update(ratios={}, compile={}, tvm_version="x")
+    bench._write_outputs(args, result)
+    assert _png_size(tmp_path / "out.png")[0] > 300 and (tmp_path / "out.json").exists()
+    assert bench.plot_path(None, None, "m/tiny.onnx") == "tiny.bench.png"
+
+
+def test_suite_rows_plot_with_the_same_drawing():
+    from korch_tvm import bench_plot
+
+    stats = bench.summarize_samples([1.0, 2.0, 3.0])
+    rows = {"models": [{"model": "a", "stock_ms": stats, "korch_ms": stats, "ort_ms": None,
+                        "trials_budget": 128, "korch_vs_stock": 1.0}]}
+    assert bench_plot.suite_latencies(rows) == [("a", {"stock": stats, "korch": stats})]
+    assert "128 trials per compile" in bench_plot.plot_title(rows)
+
+
+def test_bench_plot_without_matplotlib_says_so_and_writes_nothing(tmp_path, monkeypatch):
+    import builtins
+
+    from korch_tvm import bench_plot
+
+    real_import = builtins.__import__
+
+    def no_matplotlib(name, *args, **kwargs):
+        if name.split(".")[0] == "matplotlib":
+            raise ImportError("No module named 'matplotlib'")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_matplotlib)
+    said = []
+    path = tmp_path / "tiny.png"
+    assert bench_plot.write_bench_plot(_recorded_result(), str(path), say=said.append) is None
+    assert said == [bench_plot.MISSING_MATPLOTLIB] and "make install" in said[0]
+    assert not path.exists() and list(tmp_path.iterdir()) == []

@@ -87,6 +87,12 @@ def add_arguments(parser) -> None:
                              "per-call timing disturbs the run, see in_model.py)")
     parser.add_argument("--json", metavar="OUT.json", default=None,
                         help="write the full result here")
+    parser.add_argument("--plot", metavar="OUT.png", default=None,
+                        help="draw the latencies here (default: beside --json as OUT.png, "
+                             "else MODEL.bench.png; needs matplotlib, which `make install` "
+                             "provides)")
+    parser.add_argument("--no-plot", dest="draw_plot", action="store_false",
+                        help="draw no plot")
     parser.add_argument("--reports-dir", metavar="DIR", default=None,
                         help="also keep each compile's full report (and library) here")
     parser.add_argument("--repeat", type=int, default=30,
@@ -136,10 +142,7 @@ def run(args) -> int:
                         min_sample_ms=args.min_sample_ms, gap_ms=args.gap_ms,
                         max_timing_s=args.max_timing_s, with_ort=args.ort,
                         machine=_load_json(args.machine))
-        if args.json:
-            write_json(args.json, result)
-        if not args.quiet:
-            print("\n".join(summary_lines(result)))
+        _write_outputs(args, result)
         return 0
     result = bench_model(
         args.model, target=args.target, tuning_logs=args.tuning_logs, trials=args.trials,
@@ -152,11 +155,38 @@ def run(args) -> int:
         warm=args.warm, memory=args.memory, machine=_load_json(args.machine),
         reports_dir=args.reports_dir, log=None if args.quiet else _stderr,
         fast_math=args.fast_math, calibrate=args.calibrate, layout=args.layout)
+    _write_outputs(args, result)
+    return 0
+
+
+def _write_outputs(args, result: dict) -> None:
+    """The JSON (if asked), the summary, and the latency plot beside the JSON."""
     if args.json:
         write_json(args.json, result)
     if not args.quiet:
         print("\n".join(summary_lines(result)))
-    return 0
+    if args.draw_plot:
+        from .bench_plot import write_bench_plot
+        from .errors import EnvironmentFault
+
+        path = plot_path(args.plot, args.json, args.model)
+        try:
+            written = write_bench_plot(result, path,
+                                       say=lambda line: print(line, file=sys.stderr))
+        except OSError as err:
+            raise EnvironmentFault(f"cannot write the plot '{path}': {err.strerror or err}"
+                                   ) from None
+        if written and not args.quiet:
+            print(f"wrote {written}")
+
+
+def plot_path(plot: str | None, json_path: str | None, model: str) -> str:
+    """--plot, else the JSON's path with .png, else MODEL.bench.png in the current directory."""
+    if plot:
+        return plot
+    if json_path:
+        return os.path.splitext(json_path)[0] + ".png"
+    return os.path.splitext(os.path.basename(model))[0] + ".bench.png"
 
 
 def _stderr(message: str) -> None:
