@@ -3,6 +3,7 @@
 import json
 import math
 import random
+import shutil
 
 import numpy as np
 import pytest
@@ -18,9 +19,9 @@ from korch_tvm.cost_model import (
     kernel_shape,
     prune_candidates,
 )
+from conftest import REPO
 from korch_tvm.errors import KorchError
-from korch_tvm.profiler import profile_kernels
-from korch_tvm.target import parse_target
+from korch_tvm.target import parse_target, target_tag
 from korch_tvm.tuning_log import TuningLog
 
 TARGET = parse_target({"kind": "llvm", "num-cores": 2})
@@ -53,20 +54,19 @@ def varied_kernels() -> dict[str, tvm.IRModule]:
     return kernels
 
 
+SHIPPED_LOG = REPO / "tuning_logs" / "llvm-znver4-2c"
+
+
 @pytest.fixture(scope="module")
-def measured(tmp_path_factory):
-    """Every kernel measured (default schedule, cold cache) into a fresh log, and again into
-    another: (kernels, the first log, its costs, each kernel's lower time of the two). A busy
-    machine only adds time, and one stalled run put a 16x32 exp at 0.9 ms and every fold's
-    ranks out of order."""
-    kernels = varied_kernels()
-    log = TuningLog(tmp_path_factory.mktemp("logs"), TARGET)
-    costs = profile_kernels(kernels, TARGET, log, trials=0, progress=False)
-    assert all(c.source == "measured" for c in costs.values())
-    again = profile_kernels(kernels, TARGET, TuningLog(tmp_path_factory.mktemp("again"), TARGET),
-                            trials=0, progress=False)
-    least = {name: min(costs[name].seconds, again[name].seconds) for name in kernels}
-    return kernels, log, costs, least
+def recorded(tmp_path_factory):
+    """Every 4th kernel of the shipped log and its best logged time: recorded measurements, so
+    the model's quality is judged on the same numbers on every run, however busy the machine
+    (fresh timings of the same kernels moved one fold's rank correlation from 0.47 to 0.87)."""
+    shipped = parse_target({"kind": "llvm", "mcpu": "znver4", "num-cores": 2})
+    root = tmp_path_factory.mktemp("shipped")
+    shutil.copytree(SHIPPED_LOG, root / target_tag(shipped))  # a private copy: never written
+    kernels = TuningLog(root, shipped).kernels()[::4]
+    return [CostSample(k.kernel, k.best_seconds) for k in kernels]
 
 
 def test_kernel_shape_counts_bytes_and_flops():
@@ -81,12 +81,10 @@ def test_kernel_shape_counts_bytes_and_flops():
         2e-6 + max(3 * 64 * 64 * 4 / 20e9, 2 * 64**3 / 50e9))
 
 
-def test_model_beats_a_constant_on_held_out_kernels(measured, tmp_path):
-    """Three folds, each kernel held out once, judged on their means: on 9-10 held-out kernels
-    one split's rank correlation moved between 0.47 and 0.87 from one timing of the same
-    kernels to the next, and one fold's median error was the constant's (0.97 vs 0.95)."""
-    kernels, _, _, least = measured
-    samples = [CostSample(kernels[name], least[name]) for name in kernels]
+def test_model_beats_a_constant_on_held_out_kernels(recorded, tmp_path):
+    """Three folds, each kernel held out once, judged on their means (the model's worst fold
+    ranks 14 kernels at 0.63, its best at 0.97; a constant ranks nothing)."""
+    samples = recorded
     order = list(range(len(samples)))
     random.Random(0).shuffle(order)
     folds = [order[k::3] for k in range(3)]
@@ -125,11 +123,13 @@ def test_model_beats_a_constant_on_held_out_kernels(measured, tmp_path):
         CostModel.load(str(tmp_path / "missing.json"))
 
 
-def test_model_trains_from_the_tuning_log(measured):
-    kernels, log, costs, _ = measured
+def test_model_trains_from_the_tuning_log(recorded, tmp_path):
+    log = TuningLog(tmp_path, TARGET)
+    for sample in recorded:
+        log.commit_run(sample.kernel, [sample.seconds] * 3)
     model = CostModel.from_tuning_log(log)
-    assert model.trained_on == len(kernels)
-    fitted = evaluate(model, [CostSample(kernels[n], costs[n].seconds) for n in kernels])
+    assert model.trained_on == len(recorded)
+    fitted = evaluate(model, recorded)
     assert fitted["spearman"] > 0.9  # its own training data
 
 
