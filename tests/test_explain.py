@@ -13,6 +13,8 @@ import pytest
 
 from conftest import MODELS, make_tiny_onnx
 from korch_tvm import cli
+from html import escape as html_escape
+
 from korch_tvm.explain import explain_model, render, stock_difference
 
 BERT = MODELS / "bert_layer.onnx"
@@ -97,6 +99,94 @@ def test_html_is_self_contained(bert_explanation):
                          page)
 
 
+EVIL = "<!--<script>alert(1)</script>"
+LONG = "/encoder/layer.11/attention/self/" + "very_long_segment/" * 8 + "Softmax"
+
+
+@pytest.fixture(scope="module")
+def hostile_explanation():
+    """The tiny model with node names that try to break the page: a script opener, a name far
+    too long for a label, and a line separator (which ends a JavaScript string) with `&`."""
+    model = make_tiny_onnx()
+    names = [LONG, EVIL, "add\u2028&\u2029bias"]
+    for node, name in zip(model.graph.node, names):
+        node.name = name
+    return explain_model(model, predict_only=True)
+
+
+def _embedded_json(page):
+    opening = '<script type="application/json" id="plan-data">'
+    start = page.index(opening) + len(opening)
+    return page[start:page.index("</script>", start)]
+
+
+def _svg(page):
+    import xml.etree.ElementTree as ET
+
+    svg = page[page.index("<svg"):page.index("</svg>") + len("</svg>")]
+    return ET.fromstring(svg)
+
+
+SVG_NS = "{http://www.w3.org/2000/svg}"
+
+
+def test_html_escapes_names_from_the_model(hostile_explanation):
+    page = render(hostile_explanation, "html")
+    assert EVIL not in page and "<!--" not in page
+    assert "\u2028" not in _embedded_json(page)  # a line terminator to JavaScript
+    assert page.count("<script") == 2 and page.count("</script>") == 2  # the page's own two
+    assert html_escape(EVIL) in page  # shown, as text
+    data = json.loads(_embedded_json(page))
+    labels = {p["onnx"] for p in data["primitives"]}
+    assert {"MatMul " + EVIL, "Add add\u2028&\u2029bias"} <= labels
+    assert data == json.loads(json.dumps(hostile_explanation))
+
+
+def test_html_draws_kernel_boxes_costs_and_shapes(hostile_explanation):
+    page = render(hostile_explanation, "html")
+    svg = _svg(page)
+    kernels = {k["id"]: k for k in hostile_explanation["kernels"]}
+    groups = [g for g in svg.iter(SVG_NS + "g") if g.get("class") == "kernel"]
+    assert sorted(g.get("data-kernel") for g in groups) == sorted(kernels)
+    slowest = max(k["ms"] for k in kernels.values())
+    for group in groups:
+        kernel = kernels[group.get("data-kernel")]
+        assert group[0].tag == SVG_NS + "title" and f"{kernel['ms']:.4f} ms" in group[0].text
+        rects = {r.get("class"): r for r in group.findall(SVG_NS + "rect")}
+        assert {"box", "cost", "cost-track"} <= set(rects)
+        box = rects["box"]
+        rows = [g for g in group.iter(SVG_NS + "g") if "primitive" in g.get("class")]
+        assert sorted(int(g.get("data-primitive")) for g in rows) == sorted(kernel["primitives"])
+        for row in rows:  # every primitive row lies inside its kernel's box
+            rect = row.find(SVG_NS + "rect")
+            assert float(box.get("x")) < float(rect.get("x"))
+            assert float(rect.get("y")) + float(rect.get("height")) < (
+                float(box.get("y")) + float(box.get("height")))
+        # the cost is a bar as long as the kernel's share of the slowest kernel's time
+        share = float(rects["cost"].get("width")) / float(rects["cost-track"].get("width"))
+        assert share == pytest.approx(kernel["ms"] / slowest, abs=0.01)
+        texts = ["".join(t.itertext()) for t in group.iter(SVG_NS + "text")]
+        assert any(f"{kernel['ms']:.4f} ms" in text for text in texts)
+    shapes = {p["id"]: "x".join(map(str, p["shape"])) for p in hostile_explanation["primitives"]}
+    edges = [g for g in svg.iter(SVG_NS + "g") if g.get("class") == "edge"]
+    assert edges or len(kernels) == 1
+    for edge in edges:
+        assert edge.find(SVG_NS + "text").text == shapes[int(edge.get("data-tensor"))]
+
+
+def test_labels_are_cut_at_the_right_and_whole_on_hover(hostile_explanation):
+    from korch_tvm.plan_svg import fit
+
+    assert fit("abcdef", 4) == "abc…" and fit("abc", 4) == "abc"
+    svg = _svg(render(hostile_explanation, "html"))
+    origins = [t.text for t in svg.iter(SVG_NS + "text") if t.get("class") == "origin"]
+    cut = [text for text in origins if text.startswith("Softmax /encoder")]
+    assert cut and all(text.endswith("…") and ("Softmax " + LONG).startswith(text[:-1])
+                       for text in cut)
+    titles = [t.text for t in svg.iter(SVG_NS + "title")]
+    assert any(("Softmax " + LONG) in title for title in titles)
+
+
 def _chromium():
     return next((shutil.which(name) for name in ("chromium", "chromium-browser", "google-chrome")
                  if shutil.which(name)), None)
@@ -126,6 +216,24 @@ def test_html_loads_in_a_real_browser_without_errors(bert_explanation, tmp_path)
     shot = subprocess.run(base + [f"--screenshot={screenshot}", page.as_uri()],
                           capture_output=True, text=True, timeout=120)
     assert screenshot.exists() and screenshot.stat().st_size > 10_000, shot.stderr[-2000:]
+
+
+@pytest.mark.skipif(_chromium() is None,
+                    reason="no headless Chromium here (Debian: apt-get install chromium)")
+def test_hostile_names_leave_the_page_script_working_in_a_browser(hostile_explanation, tmp_path):
+    page = tmp_path / "hostile.html"
+    page.write_text(render(hostile_explanation, "html"), encoding="utf-8")
+    profile = tempfile.mkdtemp(prefix="korch-chromium-", dir=tmp_path)
+    dom = subprocess.run([_chromium(), "--headless", "--no-sandbox", "--disable-gpu",
+                          "--disable-background-networking", "--no-first-run",
+                          f"--user-data-dir={profile}", "--enable-logging=stderr", "--v=0",
+                          "--dump-dom", page.as_uri()], capture_output=True, text=True,
+                         timeout=120)
+    assert not [line for line in dom.stderr.splitlines() if "CONSOLE" in line]
+    # the script ran to its end and parsed the embedded JSON
+    parsed = re.search(r'data-primitives-parsed="(\d+)"', dom.stdout)
+    assert parsed and int(parsed.group(1)) == len(hostile_explanation["primitives"])
+    assert dom.stdout.count("<script") == 2  # no element made from a name
 
 
 def test_explain_html_default_output_name(tmp_path, monkeypatch, capsys):

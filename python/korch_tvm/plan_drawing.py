@@ -1,145 +1,60 @@
 """The explained plan drawn: a self-contained HTML page (inline SVG) and Graphviz DOT.
 
-Both draw the primitive graph with each primitive coloured by the kernel(s) that compute it; a
-recomputed primitive is striped with the colours of all its kernels. The HTML page needs nothing
-from the network: the SVG is laid out here (layers by longest path from the inputs, each layer
-ordered by the mean position of its producers), and its CSS and the few lines of script that
-highlight a kernel are inline.
+The page needs nothing from the network: the SVG (plan_svg.py) draws each kernel as a box around
+its primitives with its cost as a bar, and the CSS and the few lines of script that highlight a
+kernel are inline. The explanation is also embedded as JSON for tools; since node names come
+from the model, every string is escaped for HTML, and the JSON for a <script> element (no `<`,
+`>`, `&` or line separators left as they are, so no name can close or comment out the script).
 """
 
 from __future__ import annotations
 
-import colorsys
 import html
 import json
 
-NODE_WIDTH, NODE_HEIGHT = 150, 38
-H_GAP, V_GAP, MARGIN = 24, 34, 16
+from .plan_svg import hex_colour, kernel_colours, plan_svg
+
+_hex = hex_colour
 
 
-def kernel_colours(kernel_ids) -> dict[str, tuple[float, float, float]]:
-    """Distinct, light hues (golden-angle steps), as HSV triples in [0, 1]."""
-    return {kernel_id: ((index * 0.381966) % 1.0, 0.38, 0.98)
-            for index, kernel_id in enumerate(kernel_ids)}
-
-
-def _hex(hsv) -> str:
-    red, green, blue = colorsys.hsv_to_rgb(*hsv)
-    return "#%02x%02x%02x" % (round(red * 255), round(green * 255), round(blue * 255))
-
-
-def layered_layout(primitives) -> dict[int, tuple[float, float]]:
-    """Top-left corner of each primitive's box: one row per longest-path depth."""
-    depth = {}
-    for primitive in primitives:  # ids are a topological order
-        depth[primitive["id"]] = 1 + max((depth[i] for i in primitive["inputs"]), default=-1)
-    rows: dict[int, list[int]] = {}
-    for primitive in primitives:
-        rows.setdefault(depth[primitive["id"]], []).append(primitive["id"])
-    inputs_of = {p["id"]: p["inputs"] for p in primitives}
-    column: dict[int, float] = {}
-    for level in sorted(rows):
-        def barycentre(node):
-            placed = [column[i] for i in inputs_of[node] if i in column]
-            return (sum(placed) / len(placed) if placed else float(node), node)
-        rows[level].sort(key=barycentre)
-        for position, node in enumerate(rows[level]):
-            column[node] = position
-    widest = max((len(row) for row in rows.values()), default=1)
-    corners = {}
-    for level, row in rows.items():
-        offset = (widest - len(row)) * (NODE_WIDTH + H_GAP) / 2
-        for position, node in enumerate(row):
-            corners[node] = (MARGIN + offset + position * (NODE_WIDTH + H_GAP),
-                             MARGIN + level * (NODE_HEIGHT + V_GAP))
-    return corners
-
-
-def plan_svg(explanation: dict) -> str:
-    """The primitive graph as SVG: one `<g class="kernel">` per chosen kernel, drawn under the
-    primitive boxes and edges."""
-    primitives = explanation["primitives"]
-    kernels = explanation["kernels"]
-    colours = kernel_colours([k["id"] for k in kernels])
-    corners = layered_layout(primitives)
-    width = max((x for x, _ in corners.values()), default=0) + NODE_WIDTH + MARGIN
-    height = max((y for _, y in corners.values()), default=0) + NODE_HEIGHT + MARGIN
-    by_id = {p["id"]: p for p in primitives}
-    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" id="plan-graph" width="{width:.0f}" '
-             f'height="{height:.0f}" viewBox="0 0 {width:.0f} {height:.0f}">']
-    for kernel in kernels:
-        parts.append(f'<g class="kernel" id="kernel-{kernel["id"]}" data-kernel="{kernel["id"]}"'
-                     f' fill="{_hex(colours[kernel["id"]])}">')
-        parts.append(f"<title>{html.escape(_kernel_title(kernel))}</title>")
-        for node in kernel["primitives"]:
-            x, y = corners[node]
-            owners = by_id[node]["kernels"]
-            stripe = NODE_WIDTH / len(owners)
-            parts.append(f'<rect x="{x + owners.index(kernel["id"]) * stripe:.1f}" y="{y:.1f}" '
-                         f'width="{stripe:.1f}" height="{NODE_HEIGHT}" rx="4"/>')
-        parts.append("</g>")
-    parts.append('<g class="edges">')
-    for primitive in primitives:
-        for producer in primitive["inputs"]:
-            shared = set(by_id[producer]["kernels"]) & set(primitive["kernels"])
-            x0, y0 = corners[producer]
-            x1, y1 = corners[primitive["id"]]
-            x0, y0, x1 = x0 + NODE_WIDTH / 2, y0 + NODE_HEIGHT, x1 + NODE_WIDTH / 2
-            middle = (y0 + y1) / 2
-            parts.append(f'<path class="edge {"inside" if shared else "memory"}" '
-                         f'd="M{x0:.1f},{y0:.1f} C{x0:.1f},{middle:.1f} {x1:.1f},{middle:.1f} '
-                         f'{x1:.1f},{y1:.1f}"/>')
-    parts.append("</g>")
-    for primitive in primitives:
-        x, y = corners[primitive["id"]]
-        classes = "primitive" + (" output" if primitive["output"] else "") + (
-            " opaque" if primitive["opaque"] else "")
-        origin = primitive["onnx"] or ""
-        parts.append(f'<g class="{classes}" data-primitive="{primitive["id"]}">'
-                     f"<title>{html.escape(_primitive_title(primitive))}</title>"
-                     f'<rect x="{x:.1f}" y="{y:.1f}" width="{NODE_WIDTH}" height="{NODE_HEIGHT}" '
-                     f'rx="4"/><text x="{x + 6:.1f}" y="{y + 15:.1f}">'
-                     f'{primitive["id"]} {html.escape(primitive["op"])}</text>'
-                     f'<text class="origin" x="{x + 6:.1f}" y="{y + 30:.1f}">'
-                     f"{html.escape(_shorten(origin, 24))}</text></g>")
-    parts.append("</svg>")
-    return "\n".join(parts)
-
-
-def _kernel_title(kernel) -> str:
-    cost = "n/a" if kernel["ms"] is None else f"{kernel['ms']:.4f} ms"
-    return (f"{kernel['id']}: {' + '.join(kernel['ops'])} ({cost}, {kernel['cost_source']})"
-            + (f"\nONNX: {'; '.join(kernel['onnx_ops'])}" if kernel["onnx_ops"] else ""))
-
-
-def _primitive_title(primitive) -> str:
-    shape = "x".join(map(str, primitive["shape"])) if primitive["shape"] else "?"
-    origin = primitive["onnx"] or "untraced"
-    guess = "" if primitive["onnx_exact"] or primitive["onnx"] is None else " (inferred)"
-    return (f"primitive {primitive['id']}: {primitive['op']} ({primitive['kind']}) -> {shape}\n"
-            f"ONNX: {origin}{guess}\nkernels: {', '.join(primitive['kernels'])}")
-
-
-def _shorten(text: str, limit: int) -> str:
-    return text if len(text) <= limit else "…" + text[-(limit - 1):]
+def script_json(value) -> str:
+    """`value` as JSON that is safe inside a <script> element and still parses to `value`."""
+    text = json.dumps(value, sort_keys=True, ensure_ascii=False)
+    for character, escaped in (("&", "\\u0026"), ("<", "\\u003c"), (">", "\\u003e"),
+                               ("\u2028", "\\u2028"), ("\u2029", "\\u2029")):
+        text = text.replace(character, escaped)
+    return text
 
 
 _STYLE = """
 body { font: 14px system-ui, sans-serif; margin: 16px; color: #222; }
+h1 { font-size: 20px; margin: 0 0 6px; }
 main { display: flex; gap: 24px; align-items: flex-start; }
-#graph { flex: 0 0 auto; overflow: auto; max-height: 92vh; border: 1px solid #ccc; }
-#details { flex: 1 1 auto; min-width: 420px; }
+#graph { flex: 0 0 auto; overflow: auto; max-height: 88vh; max-width: 62vw;
+         border: 1px solid #ccc; }
+#details { flex: 1 1 auto; min-width: 380px; font-size: 13px; }
+#details h2 { font-size: 16px; margin: 4px 0 8px; }
+#details td:nth-child(4) { overflow-wrap: anywhere; }
 table { border-collapse: collapse; margin-bottom: 16px; }
 td, th { border-bottom: 1px solid #ddd; padding: 3px 8px; text-align: left; vertical-align: top; }
 .swatch { display: inline-block; width: 12px; height: 12px; border: 1px solid #888; }
-.primitive rect { fill: none; stroke: #555; }
-.primitive.output rect { stroke-width: 2.5; }
+.legend { font-size: 12px; color: #555; }
+svg text { font: 11px ui-monospace, monospace; fill: #111; pointer-events: none; }
+.kernel .box { stroke-width: 1.5; }
+.kernel-name { font-weight: bold; font-size: 12px; }
+.cost-text { text-anchor: end; }
+.cost-track { fill: #ffffff; opacity: 0.7; }
+.primitive rect { fill: #ffffff; fill-opacity: 0.75; stroke: #888; stroke-width: 0.8; }
+.primitive.output rect { stroke: #222; stroke-width: 2; }
 .primitive.opaque rect { stroke-dasharray: 4 3; }
-.primitive text { font: 12px monospace; fill: #111; pointer-events: none; }
-.primitive text.origin { font-size: 10px; fill: #555; }
-.edge { fill: none; stroke: #777; }
-.edge.inside { stroke: #bbb; stroke-dasharray: 3 3; }
-svg.focus .kernel { opacity: 0.25; }
+.primitive.recomputed rect { fill: #fff3c4; }
+.primitive text.shape { text-anchor: end; fill: #334; }
+.primitive text.origin { font-size: 10px; fill: #666; }
+.edge path { fill: none; stroke: #666; stroke-width: 1.2; }
+.edge path.arrow { fill: #666; stroke: none; }
+.edge text.edge-shape { font-size: 10px; fill: #1a3d6e; paint-order: stroke;
+                        stroke: #ffffff; stroke-width: 3px; }
+svg.focus .kernel { opacity: 0.3; }
 svg.focus .kernel.highlight { opacity: 1; }
 tr.highlight { background: #ffe9a8; }
 """
@@ -159,9 +74,18 @@ _SCRIPT = """
     element.addEventListener("mouseenter", function () { focus(element.dataset.kernel, true); });
     element.addEventListener("mouseleave", function () { focus(element.dataset.kernel, false); });
   });
+  var plan = JSON.parse(document.getElementById("plan-data").textContent);
+  document.body.dataset.primitivesParsed = String(plan.primitives.length);
   document.body.dataset.kernelsDrawn = String(groups.length);
 })();
 """
+
+_LEGEND = ('<p class="legend">Each box is one kernel of the plan, its primitives listed inside '
+           "in execution order (ONNX operator below each); the bar in its header is its modelled "
+           "time against the slowest kernel's. Arrows are tensors that go through memory, "
+           "labelled with their shapes. Bold: a model output; dashed: an opaque op; "
+           "↻ (yellow): recomputed in more than one kernel; \u201c= stock\u201d: the same group as "
+           "FuseOps'. Hover for full names.</p>")
 
 
 def plan_html(explanation: dict) -> str:
@@ -171,7 +95,7 @@ def plan_html(explanation: dict) -> str:
     rows = "\n".join(
         f'<tr data-kernel="{k["id"]}"><td><span class="swatch" style="background:'
         f'{_hex(colours[k["id"]])}"></span> {k["id"]}</td><td>{esc(" + ".join(k["ops"]))}</td>'
-        f'<td>{esc(", ".join(map(str, k["primitives"])))}</td>'
+        f'<td>{esc(id_ranges(k["primitives"]))}</td>'
         f'<td>{esc("; ".join(k["onnx_ops"]))}</td>'
         f'<td>{"n/a" if k["ms"] is None else format(k["ms"], ".4f")}</td>'
         f'<td>{esc(k["cost_source"])}{" (stock group)" if k["stock_group"] else ""}</td></tr>'
@@ -198,11 +122,11 @@ def plan_html(explanation: dict) -> str:
                f"; modelled {_ms(explanation.get('modelled_ms'))} vs stock FuseOps "
                f"{_ms(explanation.get('stock_modelled_ms'))}; costs "
                f"{esc(str(explanation.get('costing')))}; solver {esc(explanation['solver_status'])}")
-    data = json.dumps(explanation, sort_keys=True).replace("</", "<\\/")
+    data = script_json(explanation)
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>{esc(title)}</title>
 <style>{_STYLE}</style></head>
-<body><h1>{esc(title)}</h1><p>{summary}</p>{opaque}
+<body><h1>{esc(title)}</h1><p>{summary}</p>{opaque}{_LEGEND}
 <main><div id="graph">{plan_svg(explanation)}</div>
 <div id="details"><h2>Kernels (execution order)</h2>
 <table><tr><th>kernel</th><th>primitives</th><th>ids</th><th>ONNX operators</th><th>ms</th>
@@ -217,6 +141,17 @@ def plan_html(explanation: dict) -> str:
 <script>{_SCRIPT}</script>
 </body></html>
 """
+
+
+def id_ranges(ids) -> str:
+    """`0-5, 9, 12-13`: sorted ids with each consecutive run written as a range."""
+    runs: list[list[int]] = []
+    for value in sorted(ids):
+        if runs and value == runs[-1][1] + 1:
+            runs[-1][1] = value
+        else:
+            runs.append([value, value])
+    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
 
 
 def _ms(value) -> str:
