@@ -131,11 +131,12 @@ _WRITER = textwrap.dedent(
 )
 
 
-def test_records_are_read_only_when_used_and_an_unreadable_one_is_skipped(tmp_path, caplog,
-                                                                           monkeypatch):
-    """Opening a log checks each record's shape but replays no trace (8 ms a record); a record
-    whose trace does not apply to its kernel is found when first used, warned about, and the
-    next best record serves instead."""
+def test_records_are_read_only_when_used_and_an_unappliable_one_is_set_aside(tmp_path, caplog,
+                                                                            monkeypatch):
+    """Opening a log checks each record's JSON but replays no trace (8 ms a record). A record
+    sets a cost only once its trace applies to its kernel: a fake faster record that does not
+    apply never becomes the best time; it is set aside once, with its reason, and a later log
+    neither sees nor warns about it."""
     import json
 
     from korch_tvm import tuning_log
@@ -146,9 +147,11 @@ def test_records_are_read_only_when_used_and_an_unreadable_one_is_skipped(tmp_pa
     log.commit_run(mod, [2e-5])
     record_path = os.path.join(log.directory, RECORD_FILE)
     lines = open(record_path).read().splitlines()
-    broken = json.loads(lines[1])
-    broken[1][0][0][0][0] = "NoSuchInstruction"  # the first instruction of the faster record
-    open(record_path, "w").write(lines[0] + "\n" + json.dumps(broken) + "\n")
+    fake = json.loads(lines[1])
+    assert fake[1][0][0][0][:1] == ["GetSBlock"]
+    fake[1][0][0][0][2][0] = "no_such_block"  # allowed, but names no block of this kernel
+    fake[1][1] = [1e-4 / 1e3]  # 0.1 us: would undercut the real best by far
+    open(record_path, "w").write(lines[0] + "\n" + lines[1] + "\n" + json.dumps(fake) + "\n")
 
     reads = []
     real_from_json = tuning_log.TuningRecord.from_json
@@ -156,12 +159,89 @@ def test_records_are_read_only_when_used_and_an_unreadable_one_is_skipped(tmp_pa
                         staticmethod(lambda *args: reads.append(1) or real_from_json(*args)))
     with caplog.at_level(logging.WARNING, logger="korch_tvm.tuning_log"):
         reopened = TuningLog(tmp_path, TARGET)
-        assert reads == [] and reopened.record_count(mod) == 2 and reopened.schedule_count(mod) == 2
-        assert reopened.best_seconds(mod) == pytest.approx(2e-5)  # from the line, unread
-        best = reopened.best_record(mod)
-    assert mean_of(best) == pytest.approx(3e-5) and len(reads) == 2
-    assert "record line 2 cannot be read" in caplog.text
-    assert reopened.best_seconds(mod) == pytest.approx(3e-5)  # the unreadable one is failed
+        assert reads == [] and reopened.record_count(mod) == 3
+        assert reopened.best_seconds(mod) == pytest.approx(2e-5)  # not the fake's 1e-7
+    assert len(reads) == 2 and reopened.record_count(mod) == 2
+    assert reopened.best_record(mod) is not None and reopened.kernels()[0].best_seconds == \
+        pytest.approx(2e-5)
+    assert open(record_path + ".rejected").read() == json.dumps(fake) + "\n"
+    reasons = open(record_path + ".rejected.reasons").read().splitlines()
+    assert len(reasons) == 1 and "does not apply to its kernel" in reasons[0]
+    assert caplog.text.count("record line 3 set aside") == 1
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="korch_tvm.tuning_log"):
+        again = TuningLog(tmp_path, TARGET)
+        assert again.best_seconds(mod) == pytest.approx(2e-5) and again.record_count(mod) == 2
+    assert "set aside" not in caplog.text and "cannot be read" not in caplog.text
+
+
+def test_a_record_costs_the_median_of_its_samples_and_implausible_times_are_refused(tmp_path):
+    """One stalled sample of three must not set the cost (the mean made [2.79, 0.015, 0.015]
+    ms a 0.94 ms kernel); a time below 10 ns is no measurement and is refused."""
+    kernels = small_kernels((16,))
+    mod, other = kernels["sum_16"], kernels["tir_exp_16"]
+    log = TuningLog(tmp_path, TARGET)
+    log.commit_run(mod, [2.79e-3, 1.5e-5, 1.5e-5])
+    assert log.best_seconds(mod) == pytest.approx(1.5e-5)
+    log.commit_run(other, [2e-5] * 3)
+    record_path = os.path.join(log.directory, RECORD_FILE)
+    with open(record_path) as file:
+        line = file.read().splitlines()[-1]
+    with open(record_path, "a") as file:
+        file.write(line.replace("2e-05", "1e-09") + "\n")
+    reopened = TuningLog(tmp_path, TARGET)
+    assert reopened.best_seconds(other) == pytest.approx(2e-5) and reopened.record_count(other) == 1
+    assert "below any kernel" in open(record_path + ".rejected.reasons").read()
+    assert log_stats(tmp_path)[target_tag(TARGET)]["best_seconds"]["min"] == pytest.approx(1.5e-5)
+
+
+def test_a_failed_write_leaves_no_partial_line_and_names_the_file(tmp_path, monkeypatch):
+    from korch_tvm.errors import EnvironmentFault
+
+    kernels = small_kernels((16,))
+    log = TuningLog(tmp_path, TARGET)
+    log.commit_run(kernels["sum_16"], [2e-5] * 3)
+    record_path = os.path.join(log.directory, RECORD_FILE)
+    before = open(record_path, "rb").read()
+    real_write = os.write
+
+    def short_then_full(fd, data):  # half the line reaches the disk, then the disk is full
+        real_write(fd, data[: len(data) // 2])
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "write", short_then_full)
+    with pytest.raises(EnvironmentFault) as info:
+        log.commit_run(kernels["sum_16"], [1e-5] * 3)
+    monkeypatch.undo()
+    assert str(info.value) == f"cannot write the tuning log {record_path}: No space left on device"
+    assert open(record_path, "rb").read() == before
+    assert TuningLog(tmp_path, TARGET).record_count(kernels["sum_16"]) == 1
+
+
+def test_a_log_file_that_is_a_directory_or_unreadable_is_one_line_naming_it(tmp_path,
+                                                                           monkeypatch):
+    from korch_tvm.errors import EnvironmentFault, KorchError
+
+    directory = tmp_path / target_tag(TARGET)
+    (directory / RECORD_FILE).mkdir(parents=True)
+    with pytest.raises(KorchError) as info:
+        TuningLog(tmp_path, TARGET)
+    assert str(info.value) == (f"tuning log {directory / RECORD_FILE} is a directory; move it "
+                               "away to start afresh")
+    os.rmdir(directory / RECORD_FILE)
+    TuningLog(tmp_path, TARGET).commit_run(small_kernels((16,))["sum_16"], [2e-5] * 3)
+    real_open = open
+
+    def unreadable(path, *args, **kwargs):
+        if str(path).endswith(WORKLOAD_FILE) and args[:1] == ("rb",):
+            raise PermissionError(errno.EACCES, "Permission denied", str(path))
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr("builtins.open", unreadable)
+    with pytest.raises(EnvironmentFault) as info:
+        TuningLog(tmp_path, TARGET)
+    assert str(info.value) == (f"cannot read the tuning log {directory / WORKLOAD_FILE}: "
+                               "Permission denied")
 
 
 def mean_of(record) -> float:

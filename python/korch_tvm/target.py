@@ -2,6 +2,12 @@
 
 `llvm` means *this* CPU: LLVM only emits AVX-512/AVX2 when it is told the `mcpu`, and TVM's
 thread pool uses half the cores unless told otherwise, so both are detected and made explicit.
+
+The tag becomes a directory name under the user's `--tuning-logs`, so it is a safe token
+(`[A-Za-z0-9._-]+`, no `..`): an `mcpu` must be one of LLVM's CPU names for the target's triple
+and a CUDA `arch` must read `sm_<digits>`, both checked before TVM or LLVM sees them (LLVM would
+only complain on stderr, at code generation). `KORCH_TVM_CPU_TAG` replaces the CPU part of an
+llvm tag (never the `mcpu` code is generated for), so that CI can act as a CPU without logs.
 """
 
 from __future__ import annotations
@@ -14,6 +20,10 @@ import tvm
 from tvm.target import Target
 
 from .errors import KorchError
+
+CPU_TAG_VARIABLE = "KORCH_TVM_CPU_TAG"
+_SAFE_TOKEN = re.compile(r"[A-Za-z0-9._-]{1,100}")
+_CUDA_ARCH = re.compile(r"sm_[0-9]{2,3}[af]?")
 
 
 def host_cpu_name() -> str:
@@ -59,14 +69,41 @@ def parse_target(spec: str | dict | Target = "llvm") -> Target:
     if spec["kind"] == "llvm":
         spec.setdefault("mcpu", host_cpu_name())
         spec.setdefault("num-cores", host_core_count())
+        _check_cpu(spec)
     elif spec["kind"] == "cuda":
         for key, value in cuda_defaults().items():
             spec.setdefault(key, value)
         spec.setdefault("host", {"kind": "llvm", "mcpu": host_cpu_name()})
+        if not (isinstance(spec["arch"], str) and _CUDA_ARCH.fullmatch(spec["arch"])):
+            raise KorchError(f"CUDA arch {spec['arch']!r} is not of the form sm_<digits> "
+                             "(e.g. sm_90)")
+        if isinstance(spec["host"], dict) and "mcpu" in spec["host"]:
+            _check_cpu(spec["host"])
     try:
         return Target(spec)
     except Exception as err:  # noqa: BLE001 - TVM raises many kinds here
         raise KorchError(f"TVM rejects target {spec}: {str(err).splitlines()[0]}") from None
+
+
+def _check_cpu(spec: dict) -> None:
+    """An llvm spec's `mcpu` must be a CPU LLVM knows for its triple (and a safe token)."""
+    from tvm.target.codegen import llvm_get_cpu_archlist
+
+    cpu = spec.get("mcpu")
+    triple = spec.get("mtriple")
+    if not (isinstance(cpu, str) and _SAFE_TOKEN.fullmatch(cpu) and ".." not in cpu):
+        raise KorchError(f"target mcpu {cpu!r} is not a CPU name; use e.g. 'generic' or "
+                         "'znver4' (llc -mcpu=help lists them)")
+    try:
+        probe = Target({"kind": "llvm", **({"mtriple": triple} if triple else {})})
+        known = set(llvm_get_cpu_archlist(probe))
+    except Exception as err:  # noqa: BLE001 - TVM raises many kinds here
+        raise KorchError(f"TVM rejects target triple {triple!r}: "
+                         f"{str(err).splitlines()[0] if str(err) else err}") from None
+    if cpu not in known:
+        raise KorchError(f"target mcpu {cpu!r} is not a CPU LLVM knows for "
+                         f"{triple or 'this host'}; use e.g. 'generic' (llc -mcpu=help lists "
+                         "them)")
 
 
 # The paper's GPU class (H100/H200, sm_90) with CUDA's static per-block limits; used where no
@@ -103,12 +140,33 @@ def target_tag(target: Target) -> str:
     """
     kind = target.kind.name
     if kind == "llvm":
-        cpu = str(target.attrs.get("mcpu", "generic")) or "generic"
+        cpu = os.environ.get(CPU_TAG_VARIABLE) or str(target.attrs.get("mcpu", "generic")) \
+            or "generic"
+        _check_token(cpu, CPU_TAG_VARIABLE if os.environ.get(CPU_TAG_VARIABLE) else "mcpu")
         cores = int(target.attrs.get("num-cores", 1))
-        return f"llvm-{cpu}-{cores}c"
-    if kind == "cuda":
-        return f"cuda-{target.attrs.get('arch', 'unknown')}"
-    return kind
+        tag = f"llvm-{cpu}-{cores}c"
+    elif kind == "cuda":
+        tag = f"cuda-{target.attrs.get('arch', 'unknown')}"
+    else:
+        tag = kind
+    _check_token(tag, "target tag")
+    return tag
+
+
+def _check_token(text: str, what: str) -> None:
+    if not (_SAFE_TOKEN.fullmatch(text) and ".." not in text):
+        raise KorchError(f"{what} {text!r} cannot name a tuning-log directory: use letters, "
+                         "digits, '.', '_' and '-' only")
+
+
+def inside_root(root: str, name: str) -> str:
+    """`root/name`, refused unless it resolves (symbolic links followed) inside `root`."""
+    path = os.path.join(root, name)
+    real_root, real_path = os.path.realpath(root), os.path.realpath(path)
+    if os.path.commonpath([real_root, real_path]) != real_root or real_path == real_root:
+        raise KorchError(f"tuning-log directory {path} resolves to {real_path}, outside "
+                         f"{real_root}; refusing to write there")
+    return path
 
 
 def device_for(target: Target):

@@ -18,10 +18,16 @@ can use, merge and share the files. Three things the stock database does not do,
 * **Wrong records.** A record found to compute something other than its kernel
   (`record_check.py`) is moved out of the record file into `<file>.rejected` (`set_aside`),
   so neither korch_tvm nor stock MetaSchedule builds it again.
+* **Untrusted records.** Every line is checked against `trace_policy` (pure JSON, before TVM
+  reads it): a refused workload or record, or a record timed implausibly fast, is moved to
+  `<file>.rejected` as well. A record sets a cost only once its trace has been applied to its
+  workload (lazily, the best candidates only); one that does not apply is set aside too. The
+  reason for every line set aside is appended to `<file>.rejected.reasons`, one line each.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import json
@@ -40,8 +46,10 @@ from tvm.ir.utils import derived_object
 from tvm.s_tir import meta_schedule as ms
 from tvm.s_tir.meta_schedule.database import PyDatabase, TuningRecord, Workload
 
+from .errors import EnvironmentFault, KorchError
 from .metaschedule_setup import SAMPLES
-from .target import parse_target, target_tag
+from .target import inside_root, parse_target, target_tag
+from .trace_policy import Refused, check_record, check_workload
 
 logger = logging.getLogger("korch_tvm.tuning_log")
 
@@ -54,6 +62,10 @@ LOCK_FILE = ".korch.lock"
 ATTEMPTS_FILE = "tuning_attempts.json"
 # MetaSchedule records a failed build/run with this mean time (kMaxMeanTime in its C++ code).
 FAILED_RUN_SECONDS = 1e10
+# No kernel launch, even an empty one, returns faster: a record timed below it is not a timing.
+IMPLAUSIBLE_SECONDS = 1e-8
+REJECTED_SUFFIX = ".rejected"
+REASONS_SUFFIX = ".rejected.reasons"
 _WARNED_TIMED_WARM: set[str] = set()  # directories whose warm-timed records were reported
 
 
@@ -65,14 +77,15 @@ class _Run:
     shared by a few models holds thousands, and a compile needs the best of a few hundred.
     """
 
-    __slots__ = ("seconds", "file_line", "json", "workload", "_record")
+    __slots__ = ("seconds", "file_line", "json", "workload", "_record", "problem")
 
     def __init__(self, json_value: list, workload: Workload, file_line: int) -> None:
         self.json = json_value  # [trace, run_secs, target, args_info], as in the file
         self.workload = workload
         self.file_line = file_line
-        self.seconds = mean_seconds(json_value[1])
+        self.seconds = record_seconds(json_value[1])
         self._record: TuningRecord | None = None
+        self.problem: str | None = None  # why the trace does not apply, once found
 
     @property
     def samples(self) -> int:
@@ -83,15 +96,21 @@ class _Run:
         """The record's trace as text: equal for the same schedule, whoever measured it."""
         return json.dumps(self.json[0])
 
+    @property
+    def key(self) -> str:
+        """The record's schedule and times: equal for the same line, whichever table read it."""
+        return json.dumps(self.json[:2])
+
     def readable_record(self) -> TuningRecord | None:
         """The record, or None (with a warning, and the run counted as failed from then on)
         when its trace does not apply to its workload: a record no build can use."""
-        if self._record is not None:
+        if self._record is not None or self.problem is not None:
             return self._record
         try:
             self._record = TuningRecord.from_json(self.json, self.workload)
             return self._record
         except Exception as err:  # noqa: BLE001 - TVM raises its own error types
+            self.problem = f"its trace does not apply to its kernel ({_short(err)})"
             logger.warning("tuning log: record line %d cannot be read, so it is not used (%s)",
                            self.file_line + 1, _short(err))
             self.seconds = math.inf
@@ -99,7 +118,7 @@ class _Run:
 
     def moved_to(self, file_line: int) -> _Run:
         run = _Run(self.json, self.workload, file_line)
-        run._record, run.seconds = self._record, self.seconds
+        run._record, run.seconds, run.problem = self._record, self.seconds, self.problem
         return run
 
 
@@ -112,12 +131,21 @@ class LoggedKernel:
     records: int
 
 
-def mean_seconds(run_secs) -> float:
-    """A record's time: the mean of its samples; math.inf for a failed build or run."""
+def record_seconds(run_secs) -> float:
+    """A record's time: the median of its samples; math.inf for a failed build or run.
+
+    Not the mean: one sample stalled by another process (a page fault, a descheduled thread)
+    would set the cost, as [2.79, 0.015, 0.015] ms once logged a 0.94 ms kernel. Not the minimum
+    either: under frequency boost and warm caches it is biased low, below what a model's run
+    sees. The median of the (three) samples ignores one outlier either way.
+    """
     values = [float(s) for s in run_secs or []]
     if not values or min(values) >= FAILED_RUN_SECONDS:
         return math.inf
-    return sum(values) / len(values)
+    return statistics.median(values)
+
+
+mean_seconds = record_seconds  # its former name, still imported elsewhere
 
 
 def _timed_warm(cpu: bool, seconds: float, samples: int) -> bool:
@@ -183,6 +211,8 @@ class _Table:
         self.by_hash: dict[int, list[int]] = {}  # structural hash -> canonical line numbers
         self.records: dict[int, list[_Run]] = {}  # canonical line -> runs, in file order
         self.record_lines = 0  # records added so far: the next one's line in the record file
+        self.refused_workloads: set[int] = set()  # workload lines the policy refused
+        self.unappliable: list[_Run] = []  # runs whose trace was found not to apply
 
     def find(self, mod: tvm.IRModule) -> int | None:
         """Canonical line number of the workload structurally equal to `mod`."""
@@ -218,6 +248,24 @@ class _Table:
                                        for run in runs if run.file_line not in file_lines]
         self.record_lines -= len(file_lines)
 
+    def read(self, run: _Run) -> TuningRecord | None:
+        """The run's record, its trace applied to its workload; an unappliable run is noted for
+        `TuningLog` to set aside."""
+        known = run.problem is not None
+        record = run.readable_record()
+        if record is None and not known:
+            self.unappliable.append(run)
+        return record
+
+    def best_applied(self, runs: list[_Run]) -> float:
+        """The best time among `runs` whose trace applies (math.inf if none does): a record
+        is costed only once it has been shown to schedule its kernel."""
+        for run in sorted((run for run in runs if math.isfinite(run.seconds)),
+                          key=lambda run: run.seconds):
+            if self.read(run) is not None:
+                return run.seconds
+        return math.inf
+
     def top_k(self, mod: tvm.IRModule, k: int, keep=lambda record: True) -> list[TuningRecord]:
         """The `k` fastest readable records that `keep` accepts (only those are read)."""
         best = []
@@ -225,7 +273,7 @@ class _Table:
                           key=lambda run: run.seconds):
             if len(best) == k:
                 break
-            record = run.readable_record()
+            record = self.read(run)
             if record is not None and keep(record):
                 best.append(record)
         return best
@@ -235,9 +283,11 @@ class _Table:
 
 
 def _parse_workload(line: bytes) -> Workload:
+    """The workload of a line; `Refused` when the policy does not allow its TIR."""
     value = json.loads(line)
     if not (isinstance(value, list) and len(value) == 2 and all(isinstance(v, str) for v in value)):
         raise ValueError("not a [hash, module] pair")
+    check_workload(value)
     return Workload.from_json(value)
 
 
@@ -246,6 +296,8 @@ def _parse_record(line: bytes, table: _Table) -> tuple[int, list]:
     value = json.loads(line)
     if not (isinstance(value, list) and len(value) == 2 and isinstance(value[0], int)):
         raise ValueError("not a [workload index, record] pair")
+    if value[0] in table.refused_workloads:
+        raise Refused(f"its workload (line {value[0] + 1}) was refused")
     if value[0] not in table.workloads:
         raise ValueError(f"workload index {value[0]} is missing or corrupt")
     record = value[1]
@@ -257,7 +309,20 @@ def _parse_record(line: bytes, table: _Table) -> tuple[int, list]:
     if run_secs is not None and not (isinstance(run_secs, list) and all(
             isinstance(t, (int, float)) and not isinstance(t, bool) for t in run_secs)):
         raise ValueError("run_secs is not a list of numbers")
+    check_record(record)
+    check_times(run_secs)
     return value[0], record
+
+
+def check_times(run_secs) -> None:
+    """Refuse samples no measurement yields: not finite, not positive, or a time below
+    `IMPLAUSIBLE_SECONDS` (a record that would make its kernel look free)."""
+    values = [float(t) for t in run_secs or []]
+    if not all(math.isfinite(t) and t > 0 for t in values):
+        raise Refused("its run times are not all positive and finite")
+    if values and record_seconds(values) < IMPLAUSIBLE_SECONDS:
+        raise Refused(f"its time {record_seconds(values):.3g} s is below any kernel's "
+                      f"({IMPLAUSIBLE_SECONDS:g} s)")
 
 
 class TuningLog:
@@ -265,7 +330,7 @@ class TuningLog:
 
     def __init__(self, root_dir: str | os.PathLike, target="llvm") -> None:
         self.target = parse_target(target)
-        self.directory = os.path.join(os.fspath(root_dir), target_tag(self.target))
+        self.directory = inside_root(os.fspath(root_dir), target_tag(self.target))
         self.writable = self._make_directory()
         self._thread_lock = threading.RLock()
         self._lock_depth = 0
@@ -274,6 +339,7 @@ class TuningLog:
         self._attempts: dict[int, int] = {}
         self._attempts_parsed = (0, 0)  # (bytes, lines) of the file read so far
         self._table = _Table()
+        self.pending_fault: EnvironmentFault | None = None
         with self._locked():
             self._load_all()
         self.database = _LogDatabase(self)
@@ -296,10 +362,15 @@ class TuningLog:
         return len({run.schedule for run in runs})
 
     def best_seconds(self, kernel_mod: tvm.IRModule) -> float | None:
-        """Best mean run time; None without records, math.inf when every record failed."""
+        """Best time of a record whose trace applies; None without records, math.inf when
+        every record failed or none applies."""
         self.refresh()
         runs = self._table.runs(kernel_mod)
-        return min(run.seconds for run in runs) if runs else None
+        if not runs:
+            return None
+        best = self._table.best_applied(runs)
+        self._settle()
+        return best
 
     def default_seconds(self, kernel_mod: tvm.IRModule) -> float | None:
         """Time of the kernel's first record: its default-schedule measurement.
@@ -312,13 +383,18 @@ class TuningLog:
         runs = self._table.runs(kernel_mod)
         if not runs:
             return None
-        # failures before it (a retried kernel) are not its default time
-        return next((run.seconds for run in runs if math.isfinite(run.seconds)), math.inf)
+        # failures before it (a retried kernel) are not its default time, nor unusable records
+        seconds = next((run.seconds for run in runs
+                        if math.isfinite(run.seconds) and self._table.read(run) is not None),
+                       math.inf)
+        self._settle()
+        return seconds
 
     def best_record(self, kernel_mod: tvm.IRModule) -> TuningRecord | None:
         """The fastest successful record (its trace rebuilds the tuned schedule)."""
         self.refresh()
         best = self._table.top_k(kernel_mod, 1)
+        self._settle()
         return best[0] if best else None
 
     def ranked_records(self, kernel_mod: tvm.IRModule, since: int = 0) -> list[TuningRecord]:
@@ -329,51 +405,75 @@ class TuningLog:
         runs = self._table.runs(kernel_mod)
         earlier = min((run.seconds for run in runs[:since]), default=math.inf)
         later = [run for run in runs[since:] if run.seconds < earlier]
-        records = (run.readable_record() for run in sorted(later, key=lambda run: run.seconds))
-        return [record for record in records if record is not None]
+        records = (self._table.read(run) for run in sorted(later, key=lambda run: run.seconds))
+        ranked = [record for record in records if record is not None]
+        self._settle()
+        return ranked
 
-    def set_aside(self, kernel_mod: tvm.IRModule, records: Sequence[TuningRecord]) -> None:
+    def set_aside(self, kernel_mod: tvm.IRModule, records: Sequence[TuningRecord],
+                  reasons: Sequence[str] | None = None) -> None:
         """Take `records` (found wrong) out of the log, so no build or plan uses them again.
 
-        Their lines move verbatim to `<record file>.rejected`; nothing is destroyed. The record
-        file is rewritten under the lock (other processes see a new file and reload it). In a
-        read-only log they are only dropped from this process's view.
+        Their lines move verbatim to `<record file>.rejected`, with `reasons` (one each) in
+        `.rejected.reasons`; nothing is destroyed. The record file is rewritten under the lock
+        (other processes see a new file and reload it). In a read-only log they are only
+        dropped from this process's view.
         """
         if not records:
             return
+        reasons = list(reasons or ["it computes something other than its kernel"] * len(records))
+        # by content: the table may have been reloaded (new objects) since they were read
+        why = {_record_key(record): reason for record, reason in zip(records, reasons)}
         with self._locked():
             self._sync()
-            # by content: the table may have been reloaded (new objects) since they were read
-            wrong = {_record_key(record) for record in records}
-            lines = {run.file_line for run in self._table.runs(kernel_mod)
+            lines = {run.file_line: why[_record_key(record)]
+                     for run in self._table.runs(kernel_mod)
                      if (record := run.readable_record()) is not None
-                     and _record_key(record) in wrong}
-            if not lines:  # another process set them aside first
-                return
-            if self.writable:
-                file_lines = _split_lines(self._read(RECORD_FILE))[0]
-                assert len(file_lines) == self._table.record_lines, "record file out of step"
-                with open(self._path(RECORD_FILE + ".rejected"), "ab") as file:
-                    file.write(b"".join(file_lines[n] + b"\n" for n in sorted(lines)))
-                    file.flush()
-                    os.fsync(file.fileno())
-                self._replace(RECORD_FILE, [line for n, line in enumerate(file_lines)
-                                            if n not in lines])
-            self._table.drop_records(lines)
-            if self.writable:  # what was just written, without parsing it all again
-                self._table.record_bytes = len(self._read(RECORD_FILE))
-                self._table.file_ids = self._file_ids()
+                     and _record_key(record) in why}
+            self._move_aside(lines)
+
+    def _settle(self) -> None:
+        """Set aside the records whose traces were just found not to apply, so no later
+        compile tries (and warns about) them again."""
+        runs, self._table.unappliable = self._table.unappliable, []
+        if not runs:
+            return
+        why = {run.key: run.problem for run in runs}
+        with self._locked():
+            self._sync()
+            self._move_aside({run.file_line: why[run.key]
+                              for line_runs in self._table.records.values()
+                              for run in line_runs if run.key in why})
+
+    def _move_aside(self, lines: dict[int, str]) -> None:
+        """Move record lines (file line -> reason) to `.rejected`; call under the lock."""
+        if not lines:  # another process set them aside first
+            return
+        for line, reason in sorted(lines.items()):
+            logger.warning("tuning log %s: record line %d set aside: %s", self.directory,
+                           line + 1, reason)
+        if self.writable:
+            file_lines = _split_lines(self._read(RECORD_FILE))[0]
+            assert len(file_lines) == self._table.record_lines, "record file out of step"
+            self._keep_aside(RECORD_FILE, [file_lines[n] for n in sorted(lines)],
+                             [lines[n] for n in sorted(lines)])
+            self._replace(RECORD_FILE, [line for n, line in enumerate(file_lines)
+                                        if n not in lines])
+        self._table.drop_records(set(lines))
+        if self.writable:  # what was just written, without parsing it all again
+            self._table.record_bytes = len(self._read(RECORD_FILE))
+            self._table.file_ids = self._file_ids()
 
     def kernels(self) -> list[LoggedKernel]:
-        """Every workload with at least one record, in file order."""
+        """Every workload with at least one record, in file order, costed by its best record
+        that applies (one trace replayed per workload, more only where the best does not)."""
         self.refresh()
         table = self._table
-        return [
-            LoggedKernel(table.workloads[line].mod, min(run.seconds for run in runs),
-                         len(runs))
-            for line, runs in sorted(table.records.items())
-            if runs
-        ]
+        best = {line: table.best_applied(runs) for line, runs in table.records.items() if runs}
+        self._settle()
+        records = self._table.records
+        return [LoggedKernel(table.workloads[line].mod, seconds, len(records.get(line, [])))
+                for line, seconds in sorted(best.items())]
 
     def tuning_attempts(self, kernel_mod: tvm.IRModule) -> int:
         """Trials MetaSchedule has been asked for on this kernel, over all tuning rounds."""
@@ -422,10 +522,10 @@ class TuningLog:
         """
         if trace is None:
             trace = default_trace(kernel_mod)
-        workload = self.database.commit_workload(kernel_mod)
+        workload = self._commit_workload(kernel_mod)  # directly: a fault keeps its type
         secs = list(run_seconds) if run_seconds else [FAILED_RUN_SECONDS]
         args = ms.arg_info.ArgInfo.from_prim_func(kernel_mod["main"])
-        self.database.commit_tuning_record(TuningRecord(trace, workload, secs, self.target, args))
+        self._commit_record(TuningRecord(trace, workload, secs, self.target, args))
 
     def warm_timed_records(self) -> int:
         """CPU records timed before every timed call had its own cache flush (one sample of
@@ -449,7 +549,13 @@ class TuningLog:
                            self.directory, count, self._table.size())
 
     def refresh(self) -> None:
-        """Catch up with lines other processes appended since the last look."""
+        """Catch up with lines other processes appended since the last look.
+
+        A write that failed inside MetaSchedule (which turns every error into a RuntimeError)
+        is raised here as what it was, at the next lookup."""
+        fault, self.pending_fault = self.pending_fault, None
+        if fault is not None:
+            raise fault
         with self._locked():
             self._sync()
 
@@ -458,6 +564,11 @@ class TuningLog:
         return os.path.join(self.directory, name)
 
     def _make_directory(self) -> bool:
+        for name in ("", WORKLOAD_FILE, RECORD_FILE):  # what is not a file cannot be a log
+            path = self._path(name) if name else self.directory
+            if os.path.exists(path) and os.path.isdir(path) != (not name):
+                kind = "a directory" if name else "not a directory"
+                raise KorchError(f"tuning log {path} is {kind}; move it away to start afresh")
         try:
             os.makedirs(self.directory, exist_ok=True)
             for name in (WORKLOAD_FILE, RECORD_FILE, LOCK_FILE):
@@ -466,7 +577,8 @@ class TuningLog:
             return True
         except OSError as err:
             if err.errno not in (errno.EACCES, errno.EROFS, errno.EPERM):
-                raise
+                raise _fault("cannot create the tuning log", err.filename or self.directory,
+                             err) from None
             logger.warning("tuning log %s is read-only (%s); new records stay in memory and are "
                            "lost at exit", self.directory, err.strerror)
             return False
@@ -502,6 +614,8 @@ class TuningLog:
                 return file.read()
         except FileNotFoundError:
             return b""
+        except OSError as err:  # unreadable, or a directory in its place
+            raise _fault("cannot read the tuning log", self._path(name), err) from None
 
     def _file_ids(self) -> tuple:
         ids = []
@@ -517,19 +631,30 @@ class TuningLog:
         """Keep bad lines verbatim in `<file>.corrupt` so nothing the user had is destroyed."""
         for line, reason in zip(bad_lines, reasons):
             logger.warning("tuning log %s: skipped a corrupt line (%s)", self._path(name), reason)
-        if self.writable:
-            with open(self._path(name + ".corrupt"), "ab") as file:
-                file.write(b"".join(line + b"\n" for line in bad_lines))
-                file.flush()
-                os.fsync(file.fileno())
+        if self.writable and bad_lines:
+            self._write_whole(name + ".corrupt", b"".join(line + b"\n" for line in bad_lines))
+
+    def _keep_aside(self, name: str, lines: list[bytes], reasons: list[str]) -> None:
+        """Append refused or wrong lines verbatim to `<file>.rejected` and why, one line each,
+        to `<file>.rejected.reasons` (line n of one matches line n of the other)."""
+        if not (self.writable and lines):
+            return
+        self._write_whole(name + REJECTED_SUFFIX, b"".join(line + b"\n" for line in lines))
+        self._write_whole(name + REASONS_SUFFIX, b"".join(
+            " ".join(reason.split()).encode() + b"\n" for reason in reasons))
 
     def _replace(self, name: str, lines: list[bytes]) -> None:
         temporary = self._path(f".{name}.{os.getpid()}.tmp")
-        with open(temporary, "wb") as file:
-            file.write(b"".join(line + b"\n" for line in lines))
-            file.flush()
-            os.fsync(file.fileno())
-        os.replace(temporary, self._path(name))
+        try:
+            with open(temporary, "wb") as file:
+                file.write(b"".join(line + b"\n" for line in lines))
+                file.flush()
+                os.fsync(file.fileno())
+            os.replace(temporary, self._path(name))
+        except OSError as err:
+            with contextlib.suppress(OSError):
+                os.unlink(temporary)
+            raise _fault("cannot rewrite the tuning log", self._path(name), err) from None
 
     def _load_all(self) -> None:
         """Parse both files from scratch; set bad lines aside and rewrite the files clean."""
@@ -537,35 +662,52 @@ class TuningLog:
         workload_lines, workload_tail = _split_lines(self._read(WORKLOAD_FILE))
         record_lines, record_tail = _split_lines(self._read(RECORD_FILE))
         bad_workloads, bad_workload_reasons, good_workload_lines = [], [], {}
-        for line_no, line in enumerate(workload_lines + ([workload_tail] if workload_tail else [])):
+        workload_lines_all = workload_lines + ([workload_tail] if workload_tail else [])
+        refusals: dict[int, str] = {}
+        for line_no, line in enumerate(workload_lines_all):
             try:
                 table.add_workload(line_no, _parse_workload(line))
                 good_workload_lines[line_no] = line
+            except Refused as err:  # kept in place of a filler until the rewrite below
+                table.refused_workloads.add(line_no)
+                refusals[line_no] = f"workload line {line_no + 1}: {err}"
             except Exception as err:  # noqa: BLE001 - any parse failure means a bad line
                 bad_workloads.append((line_no, line))
                 bad_workload_reasons.append(f"workload line {line_no + 1}: {_short(err)}")
         bad_records, bad_record_reasons, good_records = [], [], []
+        refused: dict[str, list] = {WORKLOAD_FILE: [], RECORD_FILE: []}  # (line, reason) each
         for line_no, line in enumerate(record_lines + ([record_tail] if record_tail else [])):
             try:
                 table.add_record(*_parse_record(line, table))
                 good_records.append(line)
+            except Refused as err:
+                refused[RECORD_FILE].append((line, f"record line {line_no + 1}: {err}"))
             except Exception as err:  # noqa: BLE001
                 bad_records.append(line)
                 bad_record_reasons.append(f"record line {line_no + 1}: {_short(err)}")
+        for line_no in sorted(table.refused_workloads):
+            refused[WORKLOAD_FILE].append((workload_lines_all[line_no], refusals[line_no]))
         # A complete last line without its newline would swallow the next append: rewrite too.
-        needs_rewrite = bool(bad_workloads or bad_records or workload_tail or record_tail)
+        needs_rewrite = bool(bad_workloads or bad_records or workload_tail or record_tail
+                             or refused[RECORD_FILE] or refused[WORKLOAD_FILE])
+        for name, entries in refused.items():
+            for _, reason in entries:
+                logger.warning("tuning log %s: set aside %s, refused: %s", self.directory,
+                               reason.split(":")[0], reason.split(": ", 1)[1])
         if needs_rewrite and self.writable:
             self._set_aside(RECORD_FILE, bad_records, bad_record_reasons)
             self._set_aside(WORKLOAD_FILE, [line for _, line in bad_workloads],
                             bad_workload_reasons)
+            for name, entries in refused.items():
+                self._keep_aside(name, [line for line, _ in entries],
+                                 [reason for _, reason in entries])
             # Records first: a crash between the two rewrites leaves no record pointing at a
             # workload line that is about to change.
             self._replace(RECORD_FILE, good_records)
             self._replace(WORKLOAD_FILE, _renumbered(good_workload_lines))
             return self._load_all()
         if needs_rewrite:
-            for line, reason in zip(bad_workloads + bad_records,
-                                    bad_workload_reasons + bad_record_reasons):
+            for reason in bad_workload_reasons + bad_record_reasons:
                 logger.warning("tuning log %s: skipped a corrupt line (%s)", self.directory, reason)
         table.workload_lines = len(workload_lines) + (1 if workload_tail else 0)
         table.workload_bytes = len(self._read(WORKLOAD_FILE))
@@ -596,12 +738,28 @@ class TuningLog:
             self._load_all()
 
     def _append(self, name: str, line: bytes) -> None:
-        if not self.writable:
-            return
-        fd = os.open(self._path(name), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        if self.writable:
+            self._write_whole(name, line)
+
+    def _write_whole(self, name: str, data: bytes) -> None:
+        """Append `data` whole or not at all: on a short write or an error (no space, say) the
+        file is cut back to its old size, and the fault is raised naming the file."""
+        path = self._path(name)
         try:
-            os.write(fd, line)
-            os.fsync(fd)
+            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        except OSError as err:
+            raise _fault("cannot write the tuning log", path, err) from None
+        try:
+            size = os.fstat(fd).st_size
+            try:
+                written = os.write(fd, data)
+                if written != len(data):
+                    raise OSError(errno.ENOSPC, f"short write, {written} of {len(data)} bytes")
+                os.fsync(fd)
+            except OSError as err:
+                with contextlib.suppress(OSError):
+                    os.ftruncate(fd, size)
+                raise _fault("cannot write the tuning log", path, err) from None
         finally:
             os.close(fd)
 
@@ -630,6 +788,12 @@ class TuningLog:
                 self._commit_workload(record.workload.mod)
                 line = table.find(record.workload.mod)
             data = _dump_line([line, _record_json(record)])
+            try:  # what this log would refuse to read back is not written
+                check_record(json.loads(data)[1])
+                check_times(json.loads(data)[1][1])
+            except Refused as err:
+                logger.warning("tuning log %s: a new record is not kept: %s", self.directory, err)
+                return
             self._append(RECORD_FILE, data)
             table.add_record(line, json.loads(data)[1])  # as a reader of the file sees it
             table.record_bytes += len(data) if self.writable else 0
@@ -662,6 +826,11 @@ def _renumbered(good_lines: dict[int, bytes]) -> list[bytes]:
     return [good_lines.get(line_no, filler) for line_no in range(max(good_lines) + 1)]
 
 
+def _fault(what: str, path: str, err: OSError) -> EnvironmentFault:
+    """One line naming the file and the cause (errno's text)."""
+    return EnvironmentFault(f"{what} {path}: {err.strerror or err}")
+
+
 def _short(err: Exception) -> str:
     text = str(err).strip().splitlines()
     return f"{type(err).__name__}: {text[0] if text else ''}"[:200]
@@ -679,10 +848,20 @@ class _LogDatabase(PyDatabase):
         return self._log._table.find(mod) is not None
 
     def commit_workload(self, mod: tvm.IRModule) -> Workload:
-        return self._log._commit_workload(mod)
+        with self._keeping_fault():
+            return self._log._commit_workload(mod)
 
     def commit_tuning_record(self, record: TuningRecord) -> None:
-        self._log._commit_record(record)
+        with self._keeping_fault():
+            self._log._commit_record(record)
+
+    @contextmanager
+    def _keeping_fault(self) -> Iterator[None]:
+        try:
+            yield
+        except EnvironmentFault as fault:
+            self._log.pending_fault = fault
+            raise
 
     def get_top_k(self, workload: Workload, top_k: int) -> list[TuningRecord]:
         """The best records, leaving out those that run the kernel as written: a kernel with
