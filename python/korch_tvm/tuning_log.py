@@ -328,9 +328,12 @@ def check_times(run_secs) -> None:
 class TuningLog:
     """The tuning log of one target: lookups by kernel module and a MetaSchedule `database`."""
 
-    def __init__(self, root_dir: str | os.PathLike, target="llvm") -> None:
+    def __init__(self, root_dir: str | os.PathLike, target="llvm", *,
+                 tag: str | None = None) -> None:
+        """The log of `target` under `root_dir`, in `root_dir/<target tag>` (or `root_dir/tag`
+        when given: a directory of another tag, as `merge_log_directory` opens)."""
         self.target = parse_target(target)
-        self.directory = inside_root(os.fspath(root_dir), target_tag(self.target))
+        self.directory = inside_root(os.fspath(root_dir), tag or target_tag(self.target))
         self.writable = self._make_directory()
         self._thread_lock = threading.RLock()
         self._lock_depth = 0
@@ -431,6 +434,10 @@ class TuningLog:
                      if (record := run.readable_record()) is not None
                      and _record_key(record) in why}
             self._move_aside(lines)
+
+    def has_workload(self, kernel_mod: tvm.IRModule) -> bool:
+        self.refresh()
+        return self._table.find(kernel_mod) is not None
 
     def _settle(self) -> None:
         """Set aside the records whose traces were just found not to apply, so no later
@@ -780,23 +787,33 @@ class TuningLog:
             return table.workloads[line]
 
     def _commit_record(self, record: TuningRecord) -> None:
+        try:  # what this log would refuse to read back is not written
+            self.commit_record_json(record.workload.mod, _record_json(record))
+        except Refused as err:
+            logger.warning("tuning log %s: a new record is not kept: %s", self.directory, err)
+
+    def commit_record_json(self, kernel_mod: tvm.IRModule, record_json: list) -> None:
+        """Append a record given as its JSON ([trace, run_secs, target, args_info], as in a
+        record file) without replaying it; `Refused` if the policy does not allow it."""
+        data = _dump_line(record_json)  # normalised as a reader of the file sees it
+        record_json = json.loads(data)
+        check_record(record_json)
+        check_times(record_json[1])
         with self._locked():
             self._sync()
-            table = self._table
-            line = table.find(record.workload.mod)
+            line = self._table.find(kernel_mod)
             if line is None:
-                self._commit_workload(record.workload.mod)
-                line = table.find(record.workload.mod)
-            data = _dump_line([line, _record_json(record)])
-            try:  # what this log would refuse to read back is not written
-                check_record(json.loads(data)[1])
-                check_times(json.loads(data)[1][1])
-            except Refused as err:
-                logger.warning("tuning log %s: a new record is not kept: %s", self.directory, err)
-                return
+                self._commit_workload(kernel_mod)
+                line = self._table.find(kernel_mod)
+            data = _dump_line([line, record_json])
             self._append(RECORD_FILE, data)
-            table.add_record(line, json.loads(data)[1])  # as a reader of the file sees it
-            table.record_bytes += len(data) if self.writable else 0
+            self._table.add_record(line, record_json)
+            self._table.record_bytes += len(data) if self.writable else 0
+
+    def record_keys(self, kernel_mod: tvm.IRModule) -> set[str]:
+        """The kernel's records as [trace, run_secs] text: what makes two records duplicates."""
+        self.refresh()
+        return {run.key for run in self._table.runs(kernel_mod)}
 
 
 def default_trace(kernel_mod: tvm.IRModule):
@@ -938,3 +955,10 @@ def _directory_stats(directory: str) -> dict:
             "total": sum(finite),
         },
     }
+
+
+def merge_log_directory(source: str, destination: str) -> dict:
+    """Merge the tag directory `source` into the tag directory `destination` (see log_merge)."""
+    from .log_merge import merge_log_directory as merge
+
+    return merge(source, destination)
