@@ -100,7 +100,7 @@ def _check_cpu(spec: dict) -> None:
     except Exception as err:  # noqa: BLE001 - TVM raises many kinds here
         raise KorchError(f"TVM rejects target triple {triple!r}: "
                          f"{str(err).splitlines()[0] if str(err) else err}") from None
-    if cpu not in known:
+    if cpu not in known and cpu != host_cpu_name():  # LLVM's own detection is trusted
         raise KorchError(f"target mcpu {cpu!r} is not a CPU LLVM knows for "
                          f"{triple or 'this host'}; use e.g. 'generic' (llc -mcpu=help lists "
                          "them)")
