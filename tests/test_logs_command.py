@@ -85,3 +85,56 @@ def test_merging_into_a_new_directory_and_into_itself(tmp_path):
         merge_log_directory(source, source)
     with pytest.raises(KorchError, match="is not a tuning-log directory"):
         merge_log_directory(str(tmp_path / "nothing"), destination)
+
+
+def run_logs(capsys, *arguments) -> tuple[int, str, str]:
+    from korch_tvm.cli import main
+
+    code = main(["logs", *map(str, arguments)])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def test_stats_are_a_table_per_tag_and_json_on_request(tmp_path, capsys):
+    kernels, names, source = source_log(tmp_path)
+    code, out, _ = run_logs(capsys, tmp_path)
+    assert code == 0
+    header, row = out.splitlines()[:2]
+    assert header.split()[:4] == ["tag", "workloads", "records", "failed"]
+    # 3 workloads, 6 records, none failed, 1 refused (the pragma one), none set aside yet,
+    # none tuned beyond its default; best times 0.01, 0.02 and 0.03 ms
+    assert row.split() == [target_tag(TARGET), "3", "6", "0", "1", "0", "0",
+                           "0.01", "0.02", "0.03", "0.06"]
+    code, out, _ = run_logs(capsys, tmp_path, "--json")
+    stats = json.loads(out)[target_tag(TARGET)]
+    assert (stats["records"], stats["refused_records"], stats["corrupt_lines"]) == (6, 1, 1)
+    assert stats["best_seconds"]["median"] == pytest.approx(2e-5)
+
+
+def test_check_sets_aside_refused_records_and_reports_them(tmp_path, capsys):
+    kernels, names, source = source_log(tmp_path)
+    code, out, err = run_logs(capsys, tmp_path, "--check", "--target",
+                              json.dumps({"kind": "llvm", "mcpu": "generic", "num-cores": 2}))
+    assert code == 0, err
+    assert f"{target_tag(TARGET)}: 1 line(s) refused by the trace policy and set aside" in out
+    assert "3 kernels checked; 0 wrong record(s) set aside" in out
+    reasons = open(os.path.join(source, RECORD_FILE + ".rejected.reasons")).read()
+    assert "pragma_import_llvm" in reasons
+    code, out, _ = run_logs(capsys, tmp_path, "--json")
+    stats = json.loads(out)[target_tag(TARGET)]
+    assert (stats["refused_records"], stats["set_aside_records"]) == (0, 1)
+
+
+def test_merge_from_the_command_line_twice(tmp_path, capsys):
+    kernels, names, source = source_log(tmp_path / "source")
+    destination = tmp_path / "destination"
+    code, out, _ = run_logs(capsys, destination, "--merge", tmp_path / "source")
+    assert code == 0
+    assert out.strip() == (f"{target_tag(TARGET)}: 3 workload(s) and 6 record(s) added, "
+                           "0 duplicate(s) skipped, 1 refused and 1 corrupt line(s) not copied")
+    code, out, _ = run_logs(capsys, destination, "--merge", tmp_path / "source", "--json")
+    assert json.loads(out)[target_tag(TARGET)]["duplicates"] == 6
+    assert TuningLog(destination, TARGET).record_count(kernels[names[0]]) == 2
+    code, _, err = run_logs(capsys, destination, "--merge", tmp_path / "source", "--target",
+                            json.dumps({"kind": "llvm", "mcpu": "znver4", "num-cores": 2}))
+    assert code == 2 and "no tuning log llvm-znver4-2c in" in err

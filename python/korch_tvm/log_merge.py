@@ -34,7 +34,7 @@ def merge_log_directory(source: str, destination: str) -> dict:
         raise KorchError(f"cannot merge the tuning log {source} into itself")
     table, counts = _read_source(source)
     log = TuningLog(os.path.dirname(os.path.abspath(destination)),
-                    _target_of(os.path.basename(os.path.abspath(destination))),
+                    target_of_tag(os.path.basename(os.path.abspath(destination))),
                     tag=os.path.basename(os.path.abspath(destination)))
     counts.update(workloads_added=0, records_added=0, duplicates=0)
     with log._locked():
@@ -51,7 +51,7 @@ def merge_log_directory(source: str, destination: str) -> dict:
                 known.add(run.key)
                 counts["records_added"] += 1
         _merge_attempts(source, table, log)
-    logger.info("merged %s into %s: %s", source, destination, counts)
+    logger.debug("merged %s into %s: %s", source, destination, counts)
     return counts
 
 
@@ -108,7 +108,7 @@ def _lines(directory: str, name: str) -> list[bytes]:
         raise EnvironmentFault(f"cannot read the tuning log {path}: {err.strerror}") from None
 
 
-def _target_of(tag: str) -> dict:
+def target_of_tag(tag: str) -> dict:
     """A target of the tag's kind: the destination log only needs to know CPU from GPU."""
     if tag.startswith("cuda"):
         return {"kind": "cuda", "arch": "sm_90", "host": {"kind": "llvm", "mcpu": "generic"}}

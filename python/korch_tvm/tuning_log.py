@@ -300,7 +300,12 @@ def _parse_record(line: bytes, table: _Table) -> tuple[int, list]:
         raise Refused(f"its workload (line {value[0] + 1}) was refused")
     if value[0] not in table.workloads:
         raise ValueError(f"workload index {value[0]} is missing or corrupt")
-    record = value[1]
+    _check_record_value(value[1])
+    return value[0], value[1]
+
+
+def _check_record_value(record) -> None:
+    """`ValueError` for a malformed record, `Refused` for one the policy does not allow."""
     if not (isinstance(record, list) and len(record) == 4):
         raise ValueError("not a [trace, run_secs, target, args_info] record")
     trace, run_secs = record[:2]
@@ -311,7 +316,16 @@ def _parse_record(line: bytes, table: _Table) -> tuple[int, list]:
         raise ValueError("run_secs is not a list of numbers")
     check_record(record)
     check_times(run_secs)
-    return value[0], record
+
+
+def record_refusal(record) -> str | None:
+    """Why a log would refuse this record JSON, or None; `ValueError` if it is malformed."""
+    try:
+        _check_record_value(record)
+    except Refused as err:
+        return str(err)
+    return None
+
 
 
 def check_times(run_secs) -> None:
@@ -898,63 +912,10 @@ class _LogDatabase(PyDatabase):
 
 
 def log_stats(root_dir: str | os.PathLike) -> dict[str, dict]:
-    """Per target directory: workload and record counts and a summary of best times.
+    """Per tag directory: counts and best times (see logs_command, which computes them)."""
+    from .logs_command import log_stats as stats
 
-    Reads the JSON lines only (no TVM parsing, no cleaning), so it is fast and never writes.
-    """
-    stats = {}
-    root = os.fspath(root_dir)
-    if not os.path.isdir(root):
-        return stats
-    for tag in sorted(os.listdir(root)):
-        directory = os.path.join(root, tag)
-        if not os.path.isfile(os.path.join(directory, WORKLOAD_FILE)):
-            continue
-        stats[tag] = _directory_stats(directory)
-    return stats
-
-
-def _directory_stats(directory: str) -> dict:
-    corrupt = 0
-    workload_hash = {}
-    with open(os.path.join(directory, WORKLOAD_FILE), "rb") as file:
-        for line_no, line in enumerate(file.read().splitlines()):
-            try:
-                workload_hash[line_no] = json.loads(line)[0]
-            except (ValueError, IndexError, TypeError):
-                corrupt += 1
-    best: dict[str, float] = {}
-    records = failed = warm_timed = 0
-    cpu = os.path.basename(directory).startswith("llvm")  # the tag names the target kind
-    path = os.path.join(directory, RECORD_FILE)
-    data = open(path, "rb").read() if os.path.exists(path) else b""
-    for line in data.splitlines():
-        try:
-            index, record = json.loads(line)
-            seconds = mean_seconds(record[1])
-            key = workload_hash[index]
-        except (ValueError, IndexError, TypeError, KeyError):
-            corrupt += 1
-            continue
-        records += 1
-        failed += math.isinf(seconds)
-        warm_timed += _timed_warm(cpu, seconds, len(record[1]))
-        best[key] = min(best.get(key, math.inf), seconds)
-    finite = sorted(s for s in best.values() if math.isfinite(s))
-    return {
-        "workloads": len(set(workload_hash.values())),
-        "records": records,
-        "failed_records": failed,
-        "warm_timed_records": warm_timed,  # see TuningLog.warm_timed_records
-        "corrupt_lines": corrupt,
-        "tuned_workloads": len(best),
-        "best_seconds": {
-            "min": finite[0] if finite else None,
-            "median": statistics.median(finite) if finite else None,
-            "max": finite[-1] if finite else None,
-            "total": sum(finite),
-        },
-    }
+    return stats(root_dir)
 
 
 def merge_log_directory(source: str, destination: str) -> dict:
