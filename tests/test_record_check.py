@@ -134,6 +134,9 @@ def test_wrong_records_leave_the_log_and_the_next_best_is_used(tmp_path):
     rejected = os.path.join(log.directory, RECORD_FILE + ".rejected")
     kept = [json.loads(line)[1][1] for line in open(rejected)]  # the lines, verbatim
     assert kept == [[1e-6] * 3, [2e-6] * 3]
+    reasons = open(rejected + ".reasons").read().splitlines()  # one each, in the same order
+    assert len(reasons) == 2 and all("concat: it leaves part of its output unwritten" in reason
+                                     for reason in reasons)
 
     # a record logged after the rejection lands on the right line and is checked in turn
     log.commit_run(kernel, [5e-7] * 3, trace=concat_inside_product_loop(kernel))

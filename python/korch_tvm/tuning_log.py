@@ -111,8 +111,8 @@ class _Run:
             return self._record
         except Exception as err:  # noqa: BLE001 - TVM raises its own error types
             self.problem = f"its trace does not apply to its kernel ({_short(err)})"
-            logger.warning("tuning log: record line %d cannot be read, so it is not used (%s)",
-                           self.file_line + 1, _short(err))
+            logger.warning("tuning log: record line %d does not apply to its kernel (%s); it is "
+                           "not used, and set aside", self.file_line + 1, _short(err))
             self.seconds = math.inf
             return None
 
@@ -470,9 +470,9 @@ class TuningLog:
         """Move record lines (file line -> reason) to `.rejected`; call under the lock."""
         if not lines:  # another process set them aside first
             return
-        for line, reason in sorted(lines.items()):
-            logger.warning("tuning log %s: record line %d set aside: %s", self.directory,
-                           line + 1, reason)
+        for line, reason in sorted(lines.items()):  # whoever found them has warned
+            logger.debug("tuning log %s: record line %d set aside: %s", self.directory,
+                         line + 1, reason)
         if self.writable:
             file_lines = _split_lines(self._read(RECORD_FILE))[0]
             assert len(file_lines) == self._table.record_lines, "record file out of step"
