@@ -246,28 +246,39 @@ def _flatten(result) -> list:
 
 def kernel_profile(vm, args, runs: int) -> list[tuple[str, int, float]]:
     """(kernel, calls per run, ms per run), slowest first; the VM's builtins (allocation, shape
-    checks) are one row, last."""
-    from .kind_profile import RUNTIME, tvm_kernel_times
+    checks) are one row, last. Each kernel's time is its median over the runs, so that a stall
+    of a busy machine in one run does not land on whichever kernel it hit."""
+    import time
+
+    from .kind_profile import RUNTIME
     from .layout import original_kernel_name
 
+    per_run: list[dict[str, float]] = []
     calls: dict[str, int] = {}
+    started: dict[str, float] = {}
 
-    def count(func, symbol, before_run, ret_value, *call_args):
+    def instrument(func, symbol, before_run, ret_value, *call_args):
         symbol = str(symbol)
-        name = RUNTIME if symbol.startswith("vm.") else original_kernel_name(symbol)
         if before_run:
+            started[symbol] = time.perf_counter()
+            return 0  # run the call as usual
+        name = RUNTIME if symbol.startswith("vm.") else original_kernel_name(symbol)
+        per_run[-1][name] = per_run[-1].get(name, 0.0) + time.perf_counter() - started[symbol]
+        if len(per_run) == 1:
             calls[name] = calls.get(name, 0) + 1
-        return 0  # run the call as usual
+        return 0
 
-    vm.set_instrument(count)
+    vm["main"](*args)  # warm-up: the first instrumented call pays for the hook's set-up
+    vm.set_instrument(instrument)
     try:
-        vm["main"](*args)
+        for _ in range(runs):
+            per_run.append({})
+            vm["main"](*args)
     finally:
         vm.set_instrument(None)
-    times = tvm_kernel_times(vm, args, runs=runs, warmup=1)
-    rows = sorted(((name, calls.get(name, 0), ms) for name, ms in times.items()),
-                  key=lambda row: (row[0] == RUNTIME, -row[2]))
-    return rows
+    rows = [(name, count, 1e3 * float(np.median([run.get(name, 0.0) for run in per_run])))
+            for name, count in calls.items()]
+    return sorted(rows, key=lambda row: (row[0] == RUNTIME, -row[2]))
 
 
 def result_lines(path, device, inputs, result: RunResult,
@@ -296,7 +307,6 @@ def profile_lines(rows) -> list[str]:
     lines += [f"{name:<{width}}  {calls:>5}  {ms:>9.4f}  {100 * ms / total:>5.1f}"
               for name, calls, ms in rows]
     lines.append(f"{'total':<{width}}  {sum(c for _, c, _ in rows):>5}  {total:>9.4f}  100.0")
-    lines.append("(timed by the VM's instrument hook, whose Python runs between the calls and "
-                 "lets the thread pool idle: the shares are approximate and the total exceeds "
-                 "the latency above, most on small models)")
+    lines.append("(medians over runs timed by the VM's instrument hook, whose Python between "
+                 "calls adds to each: shares are approximate, most on small models)")
     return lines
