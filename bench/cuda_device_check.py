@@ -207,7 +207,8 @@ def compile_one(source, target, korch: bool, args, time_budget: float):
              "build_seconds": round(time.perf_counter() - planned, 1),
              "time_budget_s": round(time_budget, 1), "tuning": report.get("tuning"),
              "modelled_ms": report.get("modelled_ms"),
-             "kernels_with_tuned_schedule": report.get("kernels_with_tuned_schedule"),
+             "kernels_scheduled_from_log": report.get("kernels_scheduled_from_log"),
+             "kernels_with_searched_schedule": report.get("kernels_with_searched_schedule"),
              "device_code": cuda_build.check_device_code(executable, target)}
     if korch and isinstance(report.get("plan"), dict):
         plan = report["plan"]
@@ -292,7 +293,7 @@ def markdown(results: dict) -> str:
         lines.append(f"- note: {results['note']}")
     if results.get("error"):
         lines.append(f"- error: {results['error']}")
-    lines += ["", "| model | path | latency ms (median, p10-p90) | modelled ms | kernels tuned |"
+    lines += ["", "| model | path | latency ms (median, p10-p90) | modelled ms | kernels searched |"
               " costs: log/measured/tuned/predicted/failed | verification (max rel. error) |",
               "|---|---|---|---|---|---|---|"]
     for model in results["models"]:
@@ -315,7 +316,7 @@ def markdown(results: dict) -> str:
                         if ver else part["device_code"]["stage"] + ": not run")
             modelled = part.get("modelled_ms")
             lines.append(f"| {model['model']} | {label} | {latency} | "
-                         f"{modelled:.4f} | {part.get('kernels_with_tuned_schedule') or '-'} | "
+                         f"{modelled:.4f} | {part.get('kernels_with_searched_schedule') or '-'} | "
                          f"{costs} | {verified} |" if modelled is not None else
                          f"| {model['model']} | {label} | {latency} | - | - | {costs} | "
                          f"{verified} |")

@@ -900,7 +900,8 @@ def compile_summary(report: Mapping) -> dict:
             "solver_seconds": round(sum(entry.get("seconds", 0.0)
                                         for entry in plan.get("solver", [])), 3),
         }
-        summary["kernels_with_tuned_schedule"] = report.get("kernels_with_tuned_schedule")
+    for key in ("kernels_scheduled_from_log", "kernels_with_searched_schedule"):
+        summary[key] = report.get(key)  # see schedule_counts.py for what each counts
     return summary
 
 

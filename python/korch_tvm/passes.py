@@ -43,7 +43,8 @@ from .primitive_kinds import LINEAR, POOLING_OPS
 from .profiler import KernelCost
 from .region_layout import (MIXED, cheapest_layouts, region_module, split_regions,
                             stitched_module, switch_module)
-from .rewrite import rewrite_with_plan, scheduled_kernel_count
+from .rewrite import rewrite_with_plan
+from .schedule_counts import schedule_counts
 from .target import host_core_count, parse_target
 
 logger = logging.getLogger("korch_tvm.passes")
@@ -432,9 +433,10 @@ def rewrite_plan(plan: KorchPlan):
     rewrite_started = time.perf_counter()
     optimized = rewrite_with_plan(plan.graph, plan.chosen_groups, plan.tuning_log.database,
                                   plan.target)
-    tuned, total = scheduled_kernel_count(optimized)
     report = plan.report()
-    report["kernels_with_tuned_schedule"] = f"{tuned}/{total}"
+    chosen_keys = {plan.kernel_keys[i] for i in plan.chosen} - {None}
+    report.update(schedule_counts(optimized, [plan.kernel_modules[key] for key in chosen_keys],
+                                  plan.tuning_log))
     report["stage_seconds"] = {**plan.stage_seconds,
                                "rewrite": round(time.perf_counter() - rewrite_started, 3)}
     report["modelled_ms"] = report["plan"]["modelled_ms"]

@@ -11,10 +11,14 @@ def summary_lines(report: dict) -> list[str]:
     tuning = report.get("tuning")
     if tuning:
         lines.append(
-            f"  kernels: {tuning.get('kernels', 0)} distinct; from log {tuning.get('from_log', 0)},"
-            f" tuned {tuning.get('tuned', 0)}, measured {tuning.get('measured', 0)}, prediction "
-            f"only {tuning.get('predicted', 0)}, failed {tuning.get('failed', 0)}; trials run "
+            f"  kernels costed: {tuning.get('kernels', 0)} distinct; cost from the log "
+            f"{tuning.get('from_log', 0)}, searched now {tuning.get('tuned', 0)}, default "
+            f"schedule measured now {tuning.get('measured', 0)}, predicted only "
+            f"{tuning.get('predicted', 0)}, failed {tuning.get('failed', 0)}; trials run "
             f"{tuning.get('trials_run', 0)} of budget {_budget(report)}")
+    schedules = _schedule_line(report)
+    if schedules:
+        lines.append(schedules)
     layouts = report.get("layouts") or {}
     if len(layouts) > 1:
         lines.append(f"  layout: {report.get('layout')} (modelled " + ", ".join(
@@ -129,6 +133,17 @@ def _ids(ids) -> str:
 
 def _ms(value) -> str:
     return "n/a" if value is None else f"{value:.3f} ms"
+
+
+def _schedule_line(report: dict) -> str | None:
+    """What the built kernels run: a logged schedule, and of those how many a search found
+    (schedule_counts.py); None for a report without the counts."""
+    from_log = report.get("kernels_scheduled_from_log")
+    searched = report.get("kernels_with_searched_schedule")
+    if from_log is None or searched is None:
+        return None
+    return (f"  built kernels: {from_log} scheduled from log records; {searched} planned "
+            "kernels with a schedule from a tuning search (the others run a default schedule)")
 
 
 def _budget(report: dict) -> str:

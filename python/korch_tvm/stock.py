@@ -20,7 +20,8 @@ from .in_model import load_in_model_times
 from .kernel_kinds import kind_times, module_kernel_kinds
 from .kernels import kernel_module, structural_key
 from .layout import mark_layout_free_weights
-from .rewrite import apply_tuning_log, scheduled_kernel_count
+from .rewrite import apply_tuning_log
+from .schedule_counts import schedule_counts
 
 CALL_TIR = tvm.ir.Op.get("relax.call_tir")
 
@@ -96,7 +97,7 @@ def _run_stock_in_layout(mod: tvm.IRModule, config: KorchConfig):
                     for name, count in calls.items()],
         "kind_ms": kind_times(fused, kernel_ms, calls),
         "kernel_kinds": kinds,
-        "kernels_with_tuned_schedule": "{}/{}".format(*scheduled_kernel_count(tuned)),
+        **schedule_counts(tuned, kernels.values(), costing.tuning_log),
     }
     if in_model:
         report["modelled_isolated_ms"] = _total_ms(isolated_ms, calls)
