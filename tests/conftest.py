@@ -49,6 +49,23 @@ def tiny_onnx_path(tmp_path):
     return path
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _private_log_cache(tmp_path_factory):
+    """No test writes into the real home cache (the CLI's default log root), and no test is
+    seeded from the shipped logs unless it asks (`KORCH_TVM_SEED_LOGS`): whether they seed a
+    log depends on this CPU's vector ISA, and every test must behave alike on any CPU.
+    Subprocesses inherit both."""
+    saved = {name: os.environ.get(name) for name in ("KORCH_TVM_CACHE_DIR", "KORCH_TVM_SEED_LOGS")}
+    os.environ["KORCH_TVM_CACHE_DIR"] = str(tmp_path_factory.mktemp("korch-cache"))
+    os.environ["KORCH_TVM_SEED_LOGS"] = ""
+    yield
+    for name, value in saved.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+
+
 @pytest.fixture(autouse=True)
 def _fresh_korch_logging():
     """A CLI run in-process configures the `korch_tvm` loggers for a terminal; undo that after

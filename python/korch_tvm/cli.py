@@ -13,10 +13,11 @@ import math
 import os
 import sys
 
-from . import interrupts
+from . import interrupts, tvm_output
 from .config import LAYOUT_CHOICES, MEMORY_LIMITS
-from .errors import KorchError
+from .errors import EnvironmentFault, KorchError
 
+EXIT_ENVIRONMENT = 1
 EXIT_USER_ERROR = 2
 EXIT_INTERNAL_ERROR = 3
 EXIT_INTERRUPTED = 130
@@ -45,9 +46,16 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--korch", action="store_true",
                         help="orchestrate kernels with Korch (fission + optimal kernel choice) "
                              "instead of TVM's stock FuseOps fusion")
-    parser.add_argument("--tuning-logs", metavar="DIR", default=None,
+    from .log_seeds import user_log_root  # no TVM import: --help stays fast
+
+    parser.add_argument("--tuning-logs", metavar="DIR", default=user_log_root(),
                         help="root of the tuning logs; records go to DIR/<target tag>/ and are "
-                             "reused on the next compile (default: keep nothing)")
+                             "reused on the next compile (default: %(default)s, from "
+                             "$KORCH_TVM_CACHE_DIR or $XDG_CACHE_HOME; '' keeps nothing). An "
+                             "empty log is seeded from the shipped tuning_logs/ (read only; "
+                             "$KORCH_TVM_SEED_LOGS overrides): this CPU's records as they are, "
+                             "else those of a CPU with the same vector ISA as predictions and "
+                             "starting points, measured here")
     parser.add_argument("--trials", type=int, default=0, metavar="N",
                         help="total MetaSchedule trials for kernels not yet in the log "
                              "(default 0: no search, kernels without records use default "
@@ -93,13 +101,34 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
 _PLUGGED_COMMANDS = {
     "explain": "show the Korch plan for a model without building it",
     "bench": "compile stock TVM, Korch and ONNX Runtime and time them side by side",
+    "run": "load a compiled library, run it and print its outputs, latency and kernel profile",
+    "logs": "summarise, check, merge or train on a tuning-log directory",
 }
 
 
 def _plugged_module(name: str):
     import importlib
 
-    return importlib.import_module(f".{name}", __package__)
+    module = "logs_command" if name == "logs" else name  # `logs` would read as logging's
+    return importlib.import_module(f".{module}", __package__)
+
+
+def version_text() -> str:
+    """'korch_tvm 0.1.0, TVM 0.27.0, tvm-ffi 0.1.14', read from the installed distributions'
+    metadata so that `--version` stays fast (importing TVM takes seconds)."""
+    from importlib import metadata
+
+    def version(*distributions: str) -> str:
+        for name in distributions:
+            try:
+                return metadata.version(name)
+            except metadata.PackageNotFoundError:
+                continue
+        return "not installed"
+
+    return (f"korch_tvm {version('korch-tvm', 'korch_tvm')}, "
+            f"TVM {version('apache-tvm', 'tvm')}, "
+            f"tvm-ffi {version('apache-tvm-ffi', 'tvm-ffi')}")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -107,6 +136,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="korch-tvm",
         description="Compile ONNX models with Apache TVM, optionally with Korch's optimal "
                     "kernel orchestration.")
+    parser.add_argument("--version", action="version", version=version_text(),
+                        help="print the versions of korch_tvm, TVM and tvm-ffi and exit")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     compile_parser = commands.add_parser("compile", help="compile a model into a library")
@@ -121,7 +152,8 @@ def build_parser() -> argparse.ArgumentParser:
                                      "unoptimised model (on by default)")
     compile_parser.add_argument("--verify-tolerance", type=float, default=None,
                                 help="largest accepted error relative to each output's scale "
-                                     "(default 1e-4)")
+                                     "(default by the output's dtype: 1e-4 for float32, "
+                                     "2**-6 for float16, 2**-3 for bfloat16)")
     compile_parser.add_argument("--measure", action="store_true",
                                 help="also measure end-to-end latency of the result")
     compile_parser.add_argument("--fallback-on-mismatch", action="store_true",
@@ -136,19 +168,6 @@ def build_parser() -> argparse.ArgumentParser:
         command_parser = commands.add_parser(name, help=help_text)
         _plugged_module(name).add_arguments(command_parser)
 
-    logs_parser = commands.add_parser("logs", help="inspect a tuning-log directory")
-    logs_parser.add_argument("directory", help="root of the tuning logs")
-    logs_parser.add_argument("--stats", action="store_true",
-                             help="print workloads and records per target (the default)")
-    logs_parser.add_argument("--train", action="store_true",
-                             help="(re)train the cost model of --target's log from its records "
-                                  "and save it beside them")
-    logs_parser.add_argument("--check", action="store_true",
-                             help="run each kernel's fastest tuned records against the kernel "
-                                  "as written and set aside the wrong ones (for logs tuned "
-                                  "before korch_tvm checked records as it tuned them)")
-    logs_parser.add_argument("--target", default="llvm",
-                             help="target whose log to train on or check")
     return parser
 
 
@@ -180,13 +199,16 @@ def configure_logging(verbose: int, quiet: bool) -> None:
 
 def _command_compile(args) -> int:
     from .compile import compile_model
-    from .verify import DEFAULT_TOLERANCE
+    from .safe_io import check_output_path
 
+    config = _config_from_args(args)
+    # Checked before the compile, which can take minutes, so that a bad path fails first.
+    for flag, path in (("-o", args.output), ("--report", args.report)):
+        if path:
+            check_output_path(path, flag)
     executable, report = compile_model(
-        args.model, args.target, korch=args.korch, tuning_logs=args.tuning_logs,
-        trials=args.trials, time_budget=args.time_budget, verify=args.verify,
-        verify_tolerance=args.verify_tolerance or DEFAULT_TOLERANCE,
-        input_shapes_override=dict(args.input_shape), config=_config_from_args(args),
+        args.model, korch=args.korch, verify=args.verify,
+        input_shapes_override=dict(args.input_shape), config=config,
         measure_latency=args.measure, fallback_on_mismatch=args.fallback_on_mismatch)
     if args.output:
         _export(executable, args.output)
@@ -197,14 +219,29 @@ def _command_compile(args) -> int:
         from .report import summary_lines
 
         print("\n".join(summary_lines(report)))
+    _warn_if_noisy(report.get("latency_ms"))
     return 0
+
+
+# p90/p10 of end-to-end samples above this: the machine is too busy for one run's median to
+# mean much. A quiet machine stays within ~1.1-1.2; 1.5 leaves room for ordinary jitter.
+NOISY_SPREAD = 1.5
+
+
+def _warn_if_noisy(latency: dict | None) -> None:
+    if not latency or not latency.get("p10"):
+        return
+    spread = latency["p90"] / latency["p10"]
+    if spread > NOISY_SPREAD:
+        logging.getLogger("korch_tvm.cli").warning(
+            "latency samples spread %.1fx (p90/p10 above %.1f): the machine is noisy; use "
+            "`korch-tvm bench` for interleaved side-by-side timing", spread, NOISY_SPREAD)
 
 
 def _command_tune(args) -> int:
     from .compile import tune_model
 
-    report = tune_model(args.model, args.target, korch=args.korch, tuning_logs=args.tuning_logs,
-                        trials=args.trials, time_budget=args.time_budget,
+    report = tune_model(args.model, korch=args.korch,
                         input_shapes_override=dict(args.input_shape),
                         config=_config_from_args(args))
     if not args.quiet:
@@ -215,78 +252,47 @@ def _command_tune(args) -> int:
 
 
 def _config_from_args(args):
+    """The one KorchConfig of a compile or tune command (validated as it is made)."""
     from .config import KorchConfig
 
-    return KorchConfig(num_threads=args.threads, rpc_tracker=args.rpc_tracker,
+    return KorchConfig(target=args.target, tuning_logs=args.tuning_logs, trials=args.trials,
+                       time_budget=args.time_budget,
+                       verify_tolerance=getattr(args, "verify_tolerance", None),
+                       num_threads=args.threads, rpc_tracker=args.rpc_tracker,
                        rpc_key=args.rpc_key, trials_per_kernel=args.trials_per_kernel,
                        fast_math=args.fast_math, layout=args.layout,
                        memory_limit=args.memory_limit)
 
 
 def _export(executable, path: str) -> None:
-    directory = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(directory):
-        raise KorchError(f"output directory '{directory}' does not exist")
-    try:
-        executable.export_library(path)
-    except OSError as err:
-        raise KorchError(f"cannot write '{path}': {err}") from None
+    """The library, written whole (temporary file, then rename) or not at all."""
+    from .safe_io import write_atomically
+
+    write_atomically(path, executable.export_library)
 
 
 def _write_json(path: str, value: dict) -> None:
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    with open(path, "w", encoding="utf-8") as handle:
-        json.dump(value, handle, indent=2, sort_keys=True, default=str)
-        handle.write("\n")
+    from .safe_io import write_text_atomically
+
+    write_text_atomically(path, json.dumps(value, indent=2, sort_keys=True, default=str) + "\n")
 
 
-def _command_logs(args) -> int:
-    from .tuning_log import TuningLog, log_stats
-
-    if not os.path.isdir(args.directory):
-        raise KorchError(f"tuning-log directory '{args.directory}' does not exist")
-    if args.train:
-        from .cost_model import model_path, train_log_model
-
-        log = TuningLog(args.directory, args.target)
-        _, stats = train_log_model(log)
-        print(f"cost model saved to {model_path(log)}: held-out Spearman "
-              f"{stats['spearman']:.3f}, median relative error "
-              f"{stats['median_relative_error']:.2f} on {stats['count']} kernels")
-        return 0
-    if args.check:
-        return _check_log(TuningLog(args.directory, args.target))
-    print(json.dumps(log_stats(args.directory), indent=2, sort_keys=True))
-    return 0
-
-
-def _check_log(log) -> int:
-    """`logs --check`: every kernel's records, fastest first, until one is right."""
-    from .kernels import structural_key
-    from .profiler import set_aside_wrong_records
-    from .record_check import can_check
-    from .tuning_log import RECORD_FILE
-
-    if not can_check(log.target):
-        raise KorchError(f"records for {log.target} cannot run on this machine; check them "
-                         "where they were tuned")
-    kernels = [logged for logged in log.kernels() if math.isfinite(logged.best_seconds)]
-    wrong = 0
-    for number, logged in enumerate(kernels, 1):
-        wrong += set_aside_wrong_records(log, logged.kernel, log.target,
-                                         f"kernel {structural_key(logged.kernel)}")
-        if number % 20 == 0 or number == len(kernels):
-            print(f"checked {number}/{len(kernels)} kernels, {wrong} wrong record(s) so far",
-                  file=sys.stderr, flush=True)
-    print(f"{len(kernels)} kernels checked; {wrong} wrong record(s) moved to "
-          f"{os.path.join(log.directory, RECORD_FILE)}.rejected")
-    return 0
-
-
-COMMANDS = {"compile": _command_compile, "tune": _command_tune, "logs": _command_logs,
+COMMANDS = {"compile": _command_compile, "tune": _command_tune,
             **{name: (lambda args, name=name: _plugged_module(name).run(args))
                for name in _PLUGGED_COMMANDS}}
+
+
+def _machine_fault(err: BaseException) -> str:
+    """One line for a MemoryError or OSError that reached the top: what and where."""
+    if isinstance(err, MemoryError):
+        detail = str(err).strip()
+        return "out of memory" + (f" ({detail})" if detail else "") + (
+            "; give smaller --input-shape sizes or free memory")
+    from .safe_io import os_error_message
+
+    if err.filename is not None:
+        return os_error_message(err, action="use")
+    return err.strerror or str(err).strip() or type(err).__name__
 
 
 def _interrupted() -> int:
@@ -300,15 +306,21 @@ def main(argv=None) -> int:
     configure_logging(getattr(args, "verbose", 0), getattr(args, "quiet", False))
     interrupts.install()
     try:
-        code = COMMANDS[args.command](args)
+        code = tvm_output.run_without_tvm_noise(COMMANDS[args.command], args,
+                                                enabled=not getattr(args, "verbose", 0))
         # a Ctrl-C raised where Python ignores it (an object's __del__, say: TVM's worker pools
         # are torn down in one) let the run go on; it still ends as interrupted
         return _interrupted() if interrupts.pressed() else code
     except KorchError as err:
-        print(f"korch-tvm: error: {err}", file=sys.stderr)
-        return EXIT_USER_ERROR
+        print(f"korch-tvm: error: {str(err).strip() or type(err).__name__}", file=sys.stderr)
+        return EXIT_ENVIRONMENT if isinstance(err, EnvironmentFault) else EXIT_USER_ERROR
     except KeyboardInterrupt:
         return _interrupted()
+    except (MemoryError, OSError) as err:  # the machine refused: disk, permissions, memory
+        if interrupts.pressed():
+            return _interrupted()
+        print(f"korch-tvm: error: {_machine_fault(err)}", file=sys.stderr)
+        return EXIT_ENVIRONMENT
     except Exception as err:  # noqa: BLE001 - last line of defence: one line, not a traceback
         if interrupts.pressed():  # a KeyboardInterrupt TVM turned into a RuntimeError
             return _interrupted()

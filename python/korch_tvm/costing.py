@@ -15,7 +15,9 @@ from dataclasses import dataclass
 import tvm
 
 from .config import KorchConfig
+from .data_layout import layout_trial_share
 from .kernels import structural_key
+from .log_seeds import Seed, seed_log
 from .cuda_build import device_present
 from .profiler import (KernelCost, local_runner, measure_kernels, profile_kernels, rpc_runner,
                        trial_allocation, tune_kernels)
@@ -30,10 +32,12 @@ class Costing:
     tuning_log: TuningLog
 
 
-def open_tuning_log(config: KorchConfig) -> TuningLog:
-    """The configured log, or a throw-away one when the user keeps no logs."""
+def open_tuning_log(config: KorchConfig) -> tuple[TuningLog, Seed | None]:
+    """The configured log, or a throw-away one when the user keeps no logs, seeded when it is
+    empty (log_seeds.py), and the foreign seed it uses for predictions and starting points."""
     root = config.tuning_logs or tempfile.mkdtemp(prefix="korch-tvm-log-")
-    return TuningLog(root, config.target)
+    tuning_log = TuningLog(root, config.target)
+    return tuning_log, seed_log(tuning_log)
 
 
 def configured_runner(config: KorchConfig):
@@ -51,13 +55,17 @@ def configured_runner(config: KorchConfig):
 def cost_kernels(kernels: Mapping[str, tvm.IRModule], config: KorchConfig,
                  weights: Mapping[str, float] | None = None,
                  tuning_log: TuningLog | None = None) -> Costing:
-    """Cost every kernel (the profiler costs each distinct structure once)."""
-    tuning_log = tuning_log or open_tuning_log(config)
+    """Cost every kernel (the profiler costs each distinct structure once) within this
+    layout's part of the trial budget (`layout_trial_share`)."""
+    seed = None
+    if tuning_log is None:
+        tuning_log, seed = open_tuning_log(config)
     costs = profile_kernels(kernels, config.target, tuning_log, trials=config.trials,
                             trials_per_kernel=config.trials_per_kernel,
+                            budget_share=layout_trial_share(),
                             time_budget=config.time_budget, weights=weights,
                             runner=configured_runner(config), progress=config.progress,
-                            seed=config.seed)
+                            seed=config.seed, seed_log=seed)
     distinct = {structural_key(kernels[name]): costs[name] for name in kernels}
     return Costing(costs, summarize(distinct.values()), tuning_log)
 
@@ -73,11 +81,12 @@ def shared_runner(config: KorchConfig):
 
 def measure_costs(kernels: Mapping[str, tvm.IRModule], config: KorchConfig,
                   tuning_log: TuningLog, predictor=None, runner=None,
-                  builder=None) -> dict[str, KernelCost]:
-    """Every kernel's best known cost: from the log, one default measurement, or a prediction."""
+                  builder=None, seed: Seed | None = None) -> dict[str, KernelCost]:
+    """Every kernel's best known cost: from the log, one default measurement (and the seed's
+    schedule), or a prediction."""
     return measure_kernels(kernels, config.target, tuning_log, time_budget=config.time_budget,
                            runner=runner or configured_runner(config), builder=builder,
-                           predictor=predictor, progress=config.progress)
+                           predictor=predictor, progress=config.progress, seed_log=seed)
 
 
 def default_schedule_costs(kernels: Mapping[str, tvm.IRModule], costs: Mapping[str, KernelCost],
@@ -126,4 +135,8 @@ def summarize(costs: Iterable[KernelCost]) -> dict:
         "predicted": by_source.get("predicted", 0),
         "failed": by_source.get("failed", 0),
         "trials_run": sum(cost.trials for cost in costs if cost.source == "tuned"),
+        # seed schedules (log_seeds.py) measured here, and those faster than the defaults
+        "seed_schedules_measured": sum(cost.seed_schedule is not None for cost in costs),
+        "seed_schedules_kept": sum(cost.seed_schedule == "kept" for cost in costs),
+        "rechecked": sum(cost.rechecked for cost in costs),
     }

@@ -34,9 +34,10 @@ dimensions, so Candy's norms stay in NHWC and its transposes sit only around its
 
 from __future__ import annotations
 
+import contextvars
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TypeVar
 
 import numpy as np
@@ -90,12 +91,23 @@ def in_best_layout(mod: tvm.IRModule, layout: str,
                    compile_in: Callable[[str, tvm.IRModule, float | None], Result],
                    modelled_ms: Callable[[Result], float], time_budget: float | None = None,
                    ) -> tuple[str, dict[str, Result]]:
-    """(the layout of least modelled latency, every layout's result) for `mod` in `layout`.
+    """(the layout of least modelled latency, every layout's result) for `mod` in `layout`:
+    `plan_layouts`, then `best_layout`."""
+    results = plan_layouts(mod, layout, compile_in, time_budget)
+    return best_layout({name: modelled_ms(result) for name, result in results.items()}), results
+
+
+def plan_layouts(mod: tvm.IRModule, layout: str,
+                 compile_in: Callable[[str, tvm.IRModule, float | None], Result],
+                 time_budget: float | None = None) -> dict[str, Result]:
+    """Every layout's result for `mod` in `layout`.
 
     `compile_in(layout, module, time_budget)` plans or compiles one variant; the variants share
-    `time_budget` evenly (what one leaves goes to the next). A variant after the first that
-    fails is left out with a warning: an optional layout must not sink a compile that the model
-    as given can do.
+    `time_budget` evenly (what one leaves goes to the next), and the trial budget: the i-th of
+    n runs under `layout_trial_share() == (i, n)`, so that what it tunes on its own
+    (`trial_part`) adds up to one budget per compile. A variant after the first that fails is
+    left out with a warning: an optional layout must not sink a compile that the model as given
+    can do.
     """
     variants = layout_variants(mod, layout)
     deadline = None if time_budget is None else time.perf_counter() + time_budget
@@ -104,6 +116,7 @@ def in_best_layout(mod: tvm.IRModule, layout: str,
         if len(variants) > 1:
             logger.info("layout %s (%d of %d)", name, position + 1, len(variants))
         left = None if deadline is None else max(0.0, deadline - time.perf_counter())
+        token = _TRIAL_SHARE.set((position, len(variants)))
         try:
             results[name] = compile_in(name, variant,
                                        None if left is None else left / (len(variants) - position))
@@ -112,11 +125,37 @@ def in_best_layout(mod: tvm.IRModule, layout: str,
                 raise
             logger.warning("layout %s failed, so it is not considered: %s", name,
                            (str(err).strip().splitlines() or [repr(err)])[0])
-    best = min(results, key=lambda name: modelled_ms(results[name]))
-    if len(results) > 1:
+        finally:
+            _TRIAL_SHARE.reset(token)
+    return results
+
+
+def best_layout(modelled_ms: Mapping[str, float]) -> str:
+    """The layout of least modelled latency (the first of equals), said when there was a
+    choice."""
+    best = min(modelled_ms, key=modelled_ms.__getitem__)
+    if len(modelled_ms) > 1:
         logger.info("layout %s chosen (modelled %s)", best, ", ".join(
-            f"{name} {modelled_ms(result):.3f} ms" for name, result in results.items()))
-    return best, results
+            f"{name} {ms:.3f} ms" for name, ms in modelled_ms.items()))
+    return best
+
+
+# Which of how many layout variants is being compiled (plan_layouts): a compile path that tunes
+# each variant on its own (the stock path) spends only its part of the trial budget there.
+_TRIAL_SHARE: contextvars.ContextVar[tuple[int, int]] = contextvars.ContextVar(
+    "korch_tvm_layout_trial_share", default=(0, 1))
+
+
+def layout_trial_share() -> tuple[int, int]:
+    """(index, count) of the layout variant being compiled; (0, 1) outside `plan_layouts`."""
+    return _TRIAL_SHARE.get()
+
+
+def trial_part(budget: int, share: tuple[int, int] | None = None) -> int:
+    """The part of `budget` that the share's variant may spend: n parts that add up to it,
+    the same on every compile (so a re-run finds each variant tuned as far as its part asks)."""
+    index, count = share or layout_trial_share()
+    return budget * (index + 1) // count - budget * index // count
 
 
 def has_convolution(mod: tvm.IRModule) -> bool:

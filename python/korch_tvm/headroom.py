@@ -27,7 +27,8 @@ from dataclasses import dataclass
 
 import tvm
 
-from .cost_model import KernelShape, kernel_shape
+from .cost_model import (CPU_LAUNCH_SECONDS, GPU_LAUNCH_SECONDS, KernelShape, analytic_estimate,
+                         kernel_shape)
 
 logger = logging.getLogger(__name__)
 
@@ -35,6 +36,10 @@ logger = logging.getLogger(__name__)
 # kernel on it may still gain a little; it keeps this fraction of its share rather than none.
 # This also keeps a lone kernel tunable: it is its own roofline.
 MIN_HEADROOM = 0.1
+# A logged time this many times above both the kernel's analytic floor and its prediction is
+# more likely a stalled run (a busy machine, a page fault storm) than the kernel: a 16x64
+# transpose logged at 1.27 ms ran in 0.017 ms. It is measured again before it is used.
+IMPLAUSIBLE_FACTOR = 20.0
 
 
 @dataclass(frozen=True)
@@ -86,3 +91,24 @@ def kernel_headrooms(kernels: Mapping[str, tvm.IRModule],
                 roofline.bytes_per_second / 1e9, roofline.least_seconds * 1e6)
     return {name: headroom(seconds[name], roofline.floor_seconds(shape))
             for name, shape in shapes.items()}
+
+
+def implausible(tuning_log, kernel_mod: tvm.IRModule, seconds: float, target,
+                predictor) -> bool:
+    """Whether the logged best `seconds` of a kernel is more than IMPLAUSIBLE_FACTOR times its
+    analytic floor (cost_model's roofline) and its prediction (`predictor()` gives the
+    predictor, made only when needed), and no schedule of it was measured twice (a time
+    measured twice, e.g. by an earlier re-check, is the kernel's). Cheapest tests first: a
+    warm compile asks this of every logged kernel."""
+    launch = GPU_LAUNCH_SECONDS if target.kind.name == "cuda" else CPU_LAUNCH_SECONDS
+    if not math.isfinite(seconds) or seconds <= IMPLAUSIBLE_FACTOR * launch:
+        return False
+    if seconds <= IMPLAUSIBLE_FACTOR * analytic_estimate(kernel_mod, target):
+        return False
+    if tuning_log.record_count(kernel_mod) > tuning_log.schedule_count(kernel_mod):
+        return False
+    try:
+        prediction = float(predictor()(kernel_mod))
+    except Exception:  # noqa: BLE001 - a failing model: the floor alone decides
+        prediction = 0.0
+    return seconds > IMPLAUSIBLE_FACTOR * prediction

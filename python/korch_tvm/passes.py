@@ -22,9 +22,9 @@ from . import interrupts
 from .candidates import enumerate_candidates
 from .config import MEMORY_LIMITS, KorchConfig
 from .cost_model import predict_kernels
-from .costing import (default_schedule_costs, measure_costs, merge_summaries, open_tuning_log,
+from .costing import (default_schedule_costs, measure_costs, open_tuning_log,
                       shared_runner, summarize, tune_costs)
-from .data_layout import LAYOUTS, in_best_layout
+from .data_layout import LAYOUTS, best_layout, plan_layouts
 from .errors import KorchError, error_summary
 from .fission import lower_to_primitives, lowering_stats
 from .gpu_rules import rules_for_target
@@ -86,6 +86,7 @@ class KorchPlan:
     layout: str = "NCHW"       # activation layout of the plan (data_layout.py)
     in_layout: tvm.IRModule | None = None  # source in that layout, before fission
     layouts: dict = field(default_factory=dict)  # every layout planned -> modelled_ms, tuning
+    tuning: dict = field(default_factory=dict)  # what the compile measured and tuned (costing)
     storage: StorageModel | None = None  # for the planned-storage report (memory_plan.py)
 
     @property
@@ -113,8 +114,8 @@ class KorchPlan:
             "layout": self.layout,
             "layouts": layouts,
             "lowering": lowering_stats(self.source, self.lowered),
-            # every layout planned, added up: what this compile measured and tuned
-            "tuning": merge_summaries(entry["tuning"] for entry in layouts.values()),
+            # every layout planned, each kernel once: what this compile measured and tuned
+            "tuning": self.tuning or summarize(self.costs.values()),
             "plan": plan,
         }
 
@@ -140,23 +141,22 @@ def plan_korch(mod: tvm.IRModule, config: KorchConfig, *, predict_only: bool = F
                          f"{', '.join(MEMORY_LIMITS)}")
 
     # One log for every layout planned: read once, and a kernel two of them share is costed once.
-    tuning_log = open_tuning_log(config)
+    tuning_log, seed = open_tuning_log(config)
     deadline = None if config.time_budget is None else time.perf_counter() + config.time_budget
 
     def plan_in(layout, variant, time_budget):
         return _plan_in_layout(mod, variant, layout, config.with_changes(time_budget=time_budget),
                                predict_only=predict_only, measure_with=measure_with,
-                               tuning_log=tuning_log)
+                               tuning_log=tuning_log, seed=seed)
 
-    best, plans = in_best_layout(mod, config.layout, plan_in, lambda plan: plan.modelled_ms,
-                                 config.time_budget)
-    layouts = {layout: {"modelled_ms": plan.modelled_ms, "tuning": summarize(plan.costs.values())}
-               for layout, plan in plans.items()}
-    if config.layout == "auto" and len(plans) == len(LAYOUTS):
+    planned = plan_layouts(mod, config.layout, plan_in, config.time_budget)
+    regions = None
+    if config.layout == "auto" and len(planned) == len(LAYOUTS):
         left = None if deadline is None else max(0.0, deadline - time.perf_counter())
         try:
             mixed = _plan_region_layouts(mod, config.with_changes(time_budget=left), tuning_log,
-                                         predict_only=predict_only, measure_with=measure_with)
+                                         predict_only=predict_only, measure_with=measure_with,
+                                         seed=seed)
         except Exception as err:  # noqa: BLE001 - an optional plan must not sink the compile
             if interrupts.pressed():  # a Ctrl-C TVM re-raised as an error
                 raise
@@ -164,17 +164,65 @@ def plan_korch(mod: tvm.IRModule, config: KorchConfig, *, predict_only: bool = F
                            error_summary(str(err) or repr(err)))
             mixed = None
         if mixed is not None:
-            plan, regions = mixed
-            layouts[MIXED] = {"modelled_ms": plan.modelled_ms,
-                              "tuning": summarize(plan.costs.values()), "regions": regions}
-            if plan.modelled_ms < plans[best].modelled_ms:
-                best, plans[MIXED] = MIXED, plan
-            logger.info("layout per region: modelled %.3f ms; %s kept", plan.modelled_ms, best)
-    return replace(plans[best], layouts=layouts)
+            planned[MIXED], regions = mixed
+    tuned, tuning_seconds = {}, None
+    if config.tunes and not predict_only:
+        left = None if deadline is None else max(0.0, deadline - time.perf_counter())
+        tuned, tuning_seconds = _tune_once(planned.values(), config.with_changes(time_budget=left),
+                                           tuning_log)
+    plans = {layout: pending.finish(tuned, tuning_seconds) for layout, pending in planned.items()}
+    layouts = {layout: {"modelled_ms": plan.modelled_ms, "tuning": summarize(plan.costs.values())}
+               for layout, plan in plans.items()}
+    if regions is not None:
+        layouts[MIXED]["regions"] = regions
+    best = best_layout({layout: plan.modelled_ms for layout, plan in plans.items()})
+    return replace(plans[best], layouts=layouts,
+                   tuning=summarize(_distinct_costs(plan.costs for plan in plans.values())))
+
+
+@dataclass(frozen=True)
+class _Planned:
+    """A layout's costed plan before the compile's one round of tuning: the latency share of
+    each kernel of its plan on default-schedule costs, its costed kernels, and `finish(tuned
+    costs, tuning seconds)`, which solves it again with the tuned costs it shares."""
+
+    shares: Mapping[str, float]
+    kernels: Mapping[str, tvm.IRModule]
+    costs: Mapping[str, KernelCost]
+    finish: Callable[[Mapping[str, KernelCost], float | None], KorchPlan]
+
+
+def _tune_once(planned, config: KorchConfig, tuning_log) -> tuple[dict[str, KernelCost], float]:
+    """One trial budget for the whole compile: split over the kernels of every layout's plan
+    by their latency share in it (a kernel two layouts choose counts in both, and is tuned
+    once). Returns (costs of every kernel, tuned ones updated; seconds it took)."""
+    started = time.perf_counter()
+    shares, kernels, costs = Counter(), {}, {}
+    for pending in planned:
+        shares.update(pending.shares)
+        kernels.update(pending.kernels)
+        costs.update(pending.costs)
+    tuned = tune_costs(kernels, shares, costs, config, tuning_log)
+    return tuned, round(time.perf_counter() - started, 3)
+
+
+_WORK_RANK = {"predicted": 0, "log": 1, "failed": 2, "measured": 3, "tuned": 4}
+
+
+def _distinct_costs(costs_of_plans) -> list[KernelCost]:
+    """One cost per kernel key over several plans' costs: the one that says the most work was
+    done for it (tuned, then measured, ...), so a kernel two layouts share counts once."""
+    chosen: dict[str, KernelCost] = {}
+    for costs in costs_of_plans:
+        for key, cost in costs.items():
+            if key not in chosen or _WORK_RANK[cost.source] > _WORK_RANK[chosen[key].source]:
+                chosen[key] = cost
+    return list(chosen.values())
 
 
 def _plan_region_layouts(mod: tvm.IRModule, config: KorchConfig, tuning_log, *,
-                         predict_only: bool, measure_with) -> tuple[KorchPlan, list[dict]] | None:
+                         predict_only: bool, measure_with, seed=None
+                         ) -> tuple[_Planned, list[dict]] | None:
     """The model with the layout of each region chosen (region_layout.py), planned, and what
     was chosen per region; None when the model has fewer than two regions or one layout is
     cheapest throughout. Regions and switches are costed without tuning or new measurements
@@ -186,7 +234,8 @@ def _plan_region_layouts(mod: tvm.IRModule, config: KorchConfig, tuning_log, *,
 
     def modelled_ms(module, layout):
         return _plan_in_layout(module, module, layout, costing, predict_only=measure_with is None,
-                               measure_with=measure_with, tuning_log=tuning_log).modelled_ms
+                               measure_with=measure_with, tuning_log=tuning_log,
+                               seed=seed).finish({}, None).modelled_ms
 
     logger.info("layout per region: costing %d regions in %s", len(regions), " and ".join(LAYOUTS))
     modules = [{layout: region_module(folded, region, layout) for layout in LAYOUTS}
@@ -205,7 +254,7 @@ def _plan_region_layouts(mod: tvm.IRModule, config: KorchConfig, tuning_log, *,
                                [variants[layout] for variants, layout in zip(modules, layouts)])
     plan = _plan_in_layout(mod, stitched, MIXED, config,
                            predict_only=predict_only, measure_with=measure_with,
-                           tuning_log=tuning_log)
+                           tuning_log=tuning_log, seed=seed)
     return plan, [{"bindings": [region.start, region.stop], "layout": layout,
                    "predicted_ms": {name: round(ms, 4) for name, ms in costs.items()}}
                   for region, layout, costs in zip(regions, layouts, region_ms)]
@@ -222,9 +271,10 @@ def _quiet(log: logging.Logger):
 
 
 def _plan_in_layout(source: tvm.IRModule, mod: tvm.IRModule, layout: str, config: KorchConfig,
-                    *, predict_only: bool, measure_with, tuning_log=None) -> KorchPlan:
+                    *, predict_only: bool, measure_with, tuning_log=None, seed=None) -> _Planned:
     """`plan_korch` for `mod`, which is `source` with its activations in `layout`, costed with
-    `tuning_log` (default: the configured one; reading a large log takes seconds)."""
+    `tuning_log` (default: the configured one; reading a large log takes seconds) and `seed`
+    (log_seeds.Seed: predictions and starting points from a compatible log), up to tuning."""
     target = parse_target(config.target)
     config = config.with_changes(target=target)
     clock = _StageClock()
@@ -247,8 +297,11 @@ def _plan_in_layout(source: tvm.IRModule, mod: tvm.IRModule, layout: str, config
                 len(graph.nodes), len(candidates), len(kernels.modules), len(pieces))
     clock.lap("candidates")
 
-    tuning_log = tuning_log or open_tuning_log(config)
+    if tuning_log is None:
+        tuning_log, seed = open_tuning_log(config)
     predicted = predict_kernels(tuning_log, target, kernels.modules)
+    if seed is not None:  # a compatible log's calibrated times predict better than a model
+        predicted.update(seed.predictions(kernels.modules, tuning_log))
     kept = prune_by_prediction(candidates, kernels.keys, predicted, config.prune_margin)
     kept_kernels = {kernels.keys[i]: kernels.modules[kernels.keys[i]] for i in kept
                     if kernels.keys[i] is not None}
@@ -287,47 +340,49 @@ def _plan_in_layout(source: tvm.IRModule, mod: tvm.IRModule, layout: str, config
             problems, plans = solved()
         return problems, plans, plan_groups(problems, plans)
 
+    def finish_with(costs, usable=kept):
+        def finish(tuned, tuning_seconds):
+            final = {**costs, **{key: cost for key, cost in tuned.items() if key in costs}}
+            seconds = dict(clock.seconds)
+            if tuning_seconds is not None:
+                seconds["tuning"] = tuning_seconds
+            started = time.perf_counter()
+            # Kernels no plan chose were never costed for real; they stay out of the plan.
+            problems, plans, chosen = solve(final, [i for i in usable if kernels.keys[i] is None
+                                                    or kernels.keys[i] in final])
+            seconds["orchestration"] = round(time.perf_counter() - started, 3)
+            never_measured = {key: KernelCost(predicted[key], "predicted", 0)
+                              for key in kept_kernels if key not in final}
+            return KorchPlan(source, lowered, graph, pieces, candidates, kept, kernels.keys,
+                             kernels.modules, {**never_measured, **final}, problems, plans,
+                             chosen, tuning_log, target, seconds, factors, layout, mod,
+                             storage=storage)
+        return finish
+
     if predict_only:
         costs = _logged_or_predicted(kept_kernels, predicted, tuning_log)
         clock.lap("measurement")
-        problems, plans, chosen = solve(costs)
-        clock.lap("orchestration")
-        return KorchPlan(source, lowered, graph, pieces, candidates, kept, kernels.keys,
-                         kernels.modules, costs, problems, plans, chosen, tuning_log, target,
-                         clock.seconds, factors, layout, mod, storage=storage)
+        return _Planned({}, {}, costs, finish_with(costs))
 
     stock_keys = {kernels.keys[i] for i in kept
                   if candidates[i].is_stock and kernels.keys[i] is not None}
     with (nullcontext(measure_with) if measure_with
-          else _profiler_measurement(config, tuning_log, predicted)) as measure:
+          else _profiler_measurement(config, tuning_log, predicted, seed)) as measure:
         costs, first_choice = _cost_what_plans_need(
             kept_kernels, predicted, stock_keys,
             _work_anchors(graph, candidates, kept, kernels.keys), solve, kernels.keys, config,
             tuning_log, measure)
     clock.lap("measurement")
+    shares = Counter()
     if config.tunes:
         # Tune where the time goes: the kernels of the plan chosen from default-schedule costs,
         # by their share of that plan's latency (the same plan on every compile, see costing).
         defaults = default_schedule_costs(kept_kernels, costs, tuning_log)
-        shares = Counter()
         for i in first_choice:
             if kernels.keys[i] is not None:
                 shares[kernels.keys[i]] += defaults[kernels.keys[i]].seconds
-        remaining = None if config.time_budget is None else max(
-            0.0, config.time_budget - clock.seconds["measurement"])
-        measured_kernels = {key: kept_kernels[key] for key in costs}
-        costs = tune_costs(measured_kernels, shares, costs,
-                           config.with_changes(time_budget=remaining), tuning_log)
-        clock.lap("tuning")
-    # Kernels no plan chose were never costed for real; they stay out of the final plan.
-    usable = [i for i in kept if kernels.keys[i] is None or kernels.keys[i] in costs]
-    problems, plans, chosen = solve(costs, usable)
-    clock.lap("orchestration")
-    never_measured = {key: KernelCost(predicted[key], "predicted", 0)
-                      for key in kept_kernels if key not in costs}
-    return KorchPlan(source, lowered, graph, pieces, candidates, kept, kernels.keys,
-                     kernels.modules, {**never_measured, **costs}, problems, plans, chosen,
-                     tuning_log, target, clock.seconds, factors, layout, mod, storage=storage)
+    measured_kernels = {key: kept_kernels[key] for key in costs}
+    return _Planned(shares, measured_kernels, costs, finish_with(costs))
 
 
 MEMORY_BOUND = "memory-bound"
@@ -356,7 +411,7 @@ def _work_anchors(graph, candidates, kept, key_of_candidate) -> dict[str, set]:
 
 
 @contextmanager
-def _profiler_measurement(config, tuning_log, predicted: Mapping[str, float]):
+def _profiler_measurement(config, tuning_log, predicted: Mapping[str, float], seed=None):
     """measure({key: module}) -> costs: log, else one default-schedule run, else the prediction
     already made for it (`predicted`, by kernel key: no feature extraction again). One runner
     and one builder pool serve every round (lazy costing measures in many small calls)."""
@@ -370,7 +425,7 @@ def _profiler_measurement(config, tuning_log, predicted: Mapping[str, float]):
     def measure(modules):  # every round draws on what is left of the one time budget
         left = None if deadline is None else max(0.0, deadline - time.perf_counter())
         return measure_costs(modules, config.with_changes(time_budget=left), tuning_log,
-                             predictor=predict, runner=runner, builder=builder)
+                             predictor=predict, runner=runner, builder=builder, seed=seed)
 
     try:
         yield measure

@@ -24,6 +24,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -33,7 +34,7 @@ import tvm
 
 from .config import trial_budget, tunes
 from .errors import error_summary
-from .headroom import kernel_headrooms
+from .headroom import implausible, kernel_headrooms
 from .kernels import structurally_equal_groups
 from .interrupts import is_plain
 from .interrupts import note as note_ctrl_c
@@ -51,7 +52,8 @@ from .cuda_build import device_present, no_device_reason
 from .pooled_builder import PooledBuilder
 from .record_check import can_check, first_correct
 from .target import host_core_count, parse_target
-from .tuning_log import RECORD_FILE, TuningLog, mean_seconds
+from .tuning_log import RECORD_FILE, TuningLog
+from .tuning_log import mean_seconds as record_seconds
 
 logger = logging.getLogger("korch_tvm.profiler")
 metaschedule_logger = logging.getLogger("korch_tvm.metaschedule")
@@ -82,6 +84,10 @@ class KernelCost:
     source: CostSource
     trials: int
     error: str | None = None
+    # A seed log's schedule measured here beside the defaults (log_seeds.py): "kept" when it
+    # was the faster and went into the log, "slower" when not; None when there was none.
+    seed_schedule: Literal["kept", "slower"] | None = None
+    rechecked: bool = False  # an implausible logged time was measured again (headroom.py)
 
 
 def rpc_runner(tracker_host: str, tracker_port: int, key: str, *, cache_flush: bool = True,
@@ -192,27 +198,76 @@ def _quiet_pool_teardown() -> None:
 
 
 class _Progress:
-    """One self-overwriting stderr line: kernels done/total, trials, elapsed, ETA."""
+    """One self-overwriting stderr line: work done of `total`, trials, elapsed time and an ETA.
 
-    def __init__(self, total: int, enabled: bool | None) -> None:
-        self.enabled = sys.stderr.isatty() if enabled is None else enabled
-        self.total, self.done, self.trials = total, 0, 0
-        self.start = time.perf_counter()
+    It moves once per measurement (`tick`); what the log answers is counted at once (`skip`)
+    and left out of the rate, so the ETA is the time the measurements so far took, per
+    measurement, times the ones left ("ETA --" before the first). `unit` names what is counted:
+    kernels when measuring, trials when tuning. Off when stderr is no terminal, unless asked.
+    """
 
-    def update(self, done: int = 0, trials: int = 0, stage: str = "") -> None:
-        self.done += done
-        self.trials += trials
-        if not self.enabled:
-            return
-        elapsed = time.perf_counter() - self.start
-        eta = elapsed / self.done * (self.total - self.done) if self.done else float("nan")
-        sys.stderr.write(f"\r[korch] {stage:8s} kernels {self.done}/{self.total}  trials "
-                         f"{self.trials}  elapsed {elapsed:5.1f}s  ETA {eta:5.1f}s ")
-        sys.stderr.flush()
+    def __init__(self, total: int, enabled: bool | None, *, unit: str = "kernels",
+                 stream=None, clock: Callable[[], float] = time.perf_counter) -> None:
+        self.stream = stream or sys.stderr
+        self.enabled = _is_terminal(self.stream) if enabled is None else enabled
+        self.total, self.unit, self.clock = total, unit, clock
+        self.done = self.worked = self.trials = self.kernels = 0
+        self.start = clock()
+        self.stage = ""
+
+    def skip(self, count: int, stage: str) -> None:
+        """`count` units settled without work (log lookups, predictions)."""
+        self.done += count
+        self.stage = stage
+        self._draw()
+
+    def tick(self, count: int = 1, stage: str | None = None, *, kernels: int = 0) -> None:
+        """`count` units measured; `kernels` finished (when the unit is trials)."""
+        self.done += count
+        self.worked += count
+        self.kernels += kernels
+        self.stage = stage or self.stage
+        self._draw()
+
+    def eta_seconds(self) -> float | None:
+        """Seconds left at the rate of the work so far; None before any work is done."""
+        if not self.worked:
+            return None
+        return (self.clock() - self.start) / self.worked * max(0, self.total - self.done)
+
+    def line(self) -> str:
+        elapsed = self.clock() - self.start
+        kernels = f"  kernels {self.kernels}" if self.unit != "kernels" else ""
+        return (f"[korch] {self.stage:8s} {self.unit} {self.done}/{self.total}{kernels}  "
+                f"elapsed {_duration(elapsed)}  ETA {_duration(self.eta_seconds())}")
+
+    def _draw(self) -> None:
+        if self.enabled:
+            self.stream.write("\r" + self.line() + " ")
+            self.stream.flush()
 
     def close(self) -> None:
         if self.enabled:
-            sys.stderr.write("\n")
+            self.stream.write("\n")
+
+
+def _is_terminal(stream) -> bool:
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):  # no file behind it, or closed
+        return False
+
+
+def _duration(seconds: float | None) -> str:
+    """12.3s, 4m05s, 1h02m; "--" when unknown."""
+    if seconds is None or not math.isfinite(seconds):
+        return "--"
+    if seconds < 60:
+        return f"{seconds:.1f}s"
+    minutes = int(seconds // 60)
+    if minutes < 60:
+        return f"{minutes}m{int(seconds % 60):02d}s"
+    return f"{minutes // 60}h{minutes % 60:02d}m"
 
 
 def profile_kernels(
@@ -229,6 +284,8 @@ def profile_kernels(
     progress: bool | None = None,
     seed: int = 0,
     trials_per_kernel: int | None = None,
+    budget_share: tuple[int, int] = (0, 1),
+    seed_log=None,
 ) -> dict[str, KernelCost]:
     """Cost each kernel (`{"main": PrimFunc}` modules); see the module docstring for the order.
 
@@ -237,11 +294,15 @@ def profile_kernels(
     default-schedule time) times its headroom; `time_budget` (seconds) bounds the whole
     stage; `runner`/`builder` default to this machine; `predictor` defaults to the log's cost
     model. With `trials_per_kernel` the budget is that many per kernel that has a share
-    instead.
+    instead. `budget_share` (i, n): this call may spend the i-th of n parts of that budget
+    (one layout variant of n, data_layout.trial_part). `seed_log`: see `measure_kernels`.
     """
+    from .data_layout import trial_part
+
     started = time.perf_counter()
     costs = measure_kernels(kernels, target, tuning_log, time_budget=time_budget, runner=runner,
-                            builder=builder, predictor=predictor, progress=progress)
+                            builder=builder, predictor=predictor, progress=progress,
+                            seed_log=seed_log)
     if not tunes(trials, trials_per_kernel):
         return costs
     weights = dict(weights or {})
@@ -250,8 +311,8 @@ def profile_kernels(
         default = tuning_log.default_seconds(kernels[name]) if cost.source != "predicted" else None
         if default is not None and math.isfinite(default):
             shares[name] = weights.get(name, 1.0) * default
-    allocation = trial_allocation(kernels, shares,
-                                  trial_budget(trials, trials_per_kernel, len(shares)), tuning_log)
+    budget = trial_part(trial_budget(trials, trials_per_kernel, len(shares)), budget_share)
+    allocation = trial_allocation(kernels, shares, budget, tuning_log)
     remaining = None if time_budget is None else time_budget - (time.perf_counter() - started)
     tuned = tune_kernels(kernels, allocation, target, tuning_log, time_budget=remaining,
                          runner=runner, builder=builder, progress=progress, seed=seed)
@@ -370,7 +431,10 @@ def tune_kernels(
         return {}
     runner = runner or local_runner(target)
     builder = builder or local_builder(target, max_workers=max(1, host_core_count()))
-    bar = _Progress(sum(len(names) for names in todo.values()), progress)
+    bar = _Progress(sum(per_task * len(names) for per_task, names in todo.items()), progress,
+                    unit="trials")
+    if bar.enabled:  # the line moves per trial measured
+        runner = _counting_runner(runner, lambda: bar.tick(1, "tune"))
     costs: dict[str, KernelCost] = {}
     with metaschedule_logs_routed(), _ctrl_c_kept():
         for per_task, names in sorted(todo.items(), reverse=True):
@@ -394,40 +458,64 @@ def measure_kernels(
     builder=None,
     predictor: Predictor | None = None,
     progress: bool | None = None,
+    seed_log=None,
 ) -> dict[str, KernelCost]:
-    """Log lookup, else one default-schedule measurement (recorded), else a prediction."""
+    """Log lookup, else one default-schedule measurement (recorded), else a prediction.
+
+    A logged time implausibly far above the kernel's floor and its prediction is measured
+    again before it is used (`implausible`). With `seed_log` (log_seeds.Seed), a kernel it
+    holds has the seed's best schedule measured too, and kept when faster than the defaults.
+    """
     target = parse_target(target)
     prepare_for_target(target)
     deadline = math.inf if time_budget is None else time.perf_counter() + max(0.0, time_budget)
     distinct = structurally_equal_groups(kernels)  # first name -> names of equal modules
+    predict = _Lazy(lambda: predictor or _default_predictor(tuning_log, target))
     costs: dict[str, KernelCost] = {}
-    pending = []
+    pending, rechecks = [], {}
     for name in distinct:
         best = tuning_log.best_seconds(kernels[name])
         if best is None or _retry_failure(tuning_log, name, kernels[name], best):
             pending.append(name)
+        elif implausible(tuning_log, kernels[name], best, target, predict):
+            rechecks[name] = best
         else:
             error = None if math.isfinite(best) else "every logged measurement failed"
             costs[name] = KernelCost(best, "log", 0, error)
     bar = _Progress(len(distinct), progress)
-    bar.update(done=len(costs), stage="log")
-    if pending and runner is None and not device_present(target):
+    bar.skip(len(costs), "log")
+    if (pending or rechecks) and runner is None and not device_present(target):
         logger.warning("%s: %d kernels are costed by prediction", no_device_reason(target),
                        len(pending))
-    elif pending and time.perf_counter() < deadline:  # worker pools take seconds to start
+    elif (pending or rechecks) and time.perf_counter() < deadline:  # pools take seconds to start
         runner = runner or local_runner(target)
         with _builder_for(target, builder) as measuring, metaschedule_logs_routed(), \
                 _ctrl_c_kept():
-            costs.update(_measure_defaults(pending, kernels, target, tuning_log, measuring,
-                                           runner, deadline, bar))
+            costs.update(_measure_and_commit(list(rechecks) + pending, kernels, target,
+                                             tuning_log, measuring, runner, deadline, bar,
+                                             rechecks, seed_log))
+    for name, best in rechecks.items():  # not measured again (no device, no time): as logged
+        costs.setdefault(name, KernelCost(best, "log", 0))
     leftovers = [name for name in pending if name not in costs]
     if leftovers:
-        predict = predictor or _default_predictor(tuning_log, target)
         for name in leftovers:
-            costs[name] = KernelCost(_safe_predict(predict, kernels[name], target), "predicted", 0)
-        bar.update(done=len(leftovers), stage="predict")
+            costs[name] = KernelCost(_safe_predict(predict(), kernels[name], target),
+                                     "predicted", 0)
+        bar.skip(len(leftovers), "predict")
     bar.close()
     return {name: costs[rep] for rep, names in distinct.items() for name in names}
+
+
+class _Lazy:
+    """A value made on first call (the default predictor loads a model)."""
+
+    def __init__(self, make: Callable[[], object]) -> None:
+        self._make, self._made = make, None
+
+    def __call__(self):
+        if self._made is None:
+            self._made = self._make()
+        return self._made
 
 
 @contextmanager
@@ -476,51 +564,95 @@ def _device_type(target) -> str:
     return "cuda" if target.kind.name == "cuda" else "cpu"
 
 
-def _measure_defaults(names, kernels, target, tuning_log, builder, runner, deadline, bar):
-    """Build and run each kernel's default schedules once; record them, the fastest first.
+def _measure_and_commit(names, kernels, target, tuning_log, builder, runner, deadline, bar,
+                        rechecks, seed_log):
+    """Measure each kernel's schedules (`_schedules_to_measure`) and commit what they show:
+    a new kernel's defaults and seed schedule (`_commit_fastest`), a re-checked record's
+    re-measurement (`_commit_recheck`)."""
+    def schedules(name):
+        kernel = kernels[name]
+        if name in rechecks:
+            record = tuning_log.best_record(kernel)
+            return [] if record is None else _applied(kernel, record.trace, "recheck")
+        trace = seed_log.starting_trace(kernel) if seed_log is not None else None
+        return _schedules_to_measure(kernel, target, trace)
 
-    The fastest goes first because a kernel's first record is its default-schedule cost
-    (`TuningLog.default_seconds`); every variant that ran is recorded, so the log's best record
-    is the one the build applies. A kernel none of whose schedules ran records one failure.
+    def commit(name, outcomes):
+        if name in rechecks:
+            return _commit_recheck(tuning_log, kernels[name], name, rechecks[name], outcomes)
+        return _commit_fastest(tuning_log, kernels[name], name, outcomes)
+
+    return _measure_schedules(names, schedules, commit, target, builder, runner, deadline, bar)
+
+
+def _schedules_to_measure(kernel_mod: tvm.IRModule, target, seed_trace=None) -> list:
+    """[(module, trace, role)]: the default schedules, and a seed log's best schedule."""
+    schedules = [(module, trace, "default")
+                 for module, trace in _default_schedules(kernel_mod, target)]
+    if seed_trace is not None:
+        schedules += _applied(kernel_mod, seed_trace, "seed")
+    return schedules
+
+
+def _applied(kernel_mod: tvm.IRModule, trace, role: str) -> list:
+    """[(the kernel with `trace` applied, trace, role)], or [] when it does not apply."""
+    try:
+        schedule = tvm.s_tir.Schedule(kernel_mod)
+        trace.apply_to_schedule(schedule, remove_postproc=False)
+    except Exception as err:  # noqa: BLE001 - TVM raises its own error types
+        logger.debug("a %s schedule does not apply to its kernel: %s", role,
+                     error_summary(str(err)))
+        return []
+    return [(schedule.mod, trace, role)]
+
+
+def _measure_schedules(names, schedules_of, commit, target, builder, runner, deadline, bar):
+    """Build and run each kernel's schedules once; `commit(name, outcomes)` records them.
+
+    Outcomes are [(run seconds or None, error, trace, role)]. Kernels go in groups, between
+    which Ctrl-C and the deadline are checked; the progress line moves per kernel measured.
     """
     from tvm.s_tir import meta_schedule as ms
 
     costs = {}
-    group = MEASURE_GROUP  # also the points where Ctrl-C and the deadline are checked
+    group = MEASURE_GROUP
     for start in range(0, len(names), max(1, group)):
         _raise_if_interrupted()
         if time.perf_counter() >= deadline:
             break
         chunk = names[start:start + group]
         try:
-            variants = [(name, module, trace) for name in chunk
-                        for module, trace in _default_schedules(kernels[name], target)]
+            variants = [(name, *schedule) for name in chunk for schedule in schedules_of(name)]
             built = builder.build([ms.builder.BuilderInput(module, target)
-                                   for _, module, _ in variants])
+                                   for _, module, _, _ in variants])
         except Exception as err:  # noqa: BLE001 - a builder crash fails this chunk only
             _raise_if_interrupted()
-            variants = [(name, None, None) for name in chunk]
+            variants = [(name, None, None, "default") for name in chunk]
             built = [ms.builder.BuilderResult(None, f"builder crashed: {err}") for _ in chunk]
-        outcomes = {name: [] for name in chunk}  # name -> [(run_secs or None, error, trace)]
+        outcomes = {name: [] for name in chunk}  # name -> [(secs or None, error, trace, role)]
         to_run = []
-        for (name, module, trace), result in zip(variants, built):
+        for (name, module, trace, role), result in zip(variants, built):
             if result.error_msg is not None:
                 outcomes[name].append((None, "build failed: " + error_summary(result.error_msg),
-                                       trace))
+                                       trace, role))
             else:
                 # the arguments of the kernel as built: weights in their packed layout, as
                 # MetaSchedule's builder drops the repacking (done once, at compile time)
                 args = ms.arg_info.ArgInfo.from_entry_func(module, remove_preproc=True)
-                to_run.append((name, trace, ms.runner.RunnerInput(
+                to_run.append((name, trace, role, ms.runner.RunnerInput(
                     result.artifact_path, _device_type(target), args)))
-        futures = runner.run([entry for _, _, entry in to_run]) if to_run else []
-        for (name, trace, _), future in zip(to_run, futures):
-            outcomes[name].append((*_run_outcome(name, future.result(), runner), trace))
+        left = Counter(name for name, *_ in to_run)
+        bar.tick(sum(1 for name in chunk if not left[name]), "measure")  # nothing to run
+        futures = runner.run([entry for *_, entry in to_run]) if to_run else []
+        for (name, trace, role, _), future in zip(to_run, futures):
+            outcomes[name].append((*_run_outcome(name, future.result(), runner), trace, role))
+            left[name] -= 1
+            if not left[name]:
+                bar.tick(1, "measure")
         if _ABORT.is_set():  # an aborted run is no failure to record
             _raise_if_interrupted()
         for name in chunk:
-            costs[name] = _commit_fastest(tuning_log, kernels[name], name, outcomes[name])
-        bar.update(done=len(chunk), stage="measure")
+            costs[name] = commit(name, outcomes[name])
     return costs
 
 
@@ -539,17 +671,45 @@ def _run_outcome(name: str, outcome, runner) -> tuple[list[float] | None, str | 
 
 def _commit_fastest(tuning_log: TuningLog, kernel_mod: tvm.IRModule, name: str,
                     outcomes: list) -> KernelCost:
-    """Record a kernel's measured schedules, fastest first; its cost is the fastest's."""
-    ran = sorted(((sum(secs) / len(secs), secs, trace) for secs, _, trace in outcomes if secs),
-                 key=lambda entry: entry[0])
+    """Record a kernel's measured default schedules, fastest first (its first record is then
+    its default-schedule cost, `TuningLog.default_seconds`), and a seed schedule after them
+    when it beat them all; the cost is the fastest's."""
+    ran = sorted(((record_seconds(secs), secs, trace, role)
+                  for secs, _, trace, role in outcomes if secs), key=lambda entry: entry[0])
+    defaults = [entry for entry in ran if entry[3] == "default"]
+    seeded = [entry for entry in ran if entry[3] == "seed"]
     if not ran:
         error = outcomes[0][1] if outcomes else "no default GPU schedule"
         tuning_log.commit_run(kernel_mod, None, trace=outcomes[0][2] if outcomes else None)
         logger.warning("kernel %s cannot be costed: %s", name, error)
         return KernelCost(math.inf, "failed", 1, error)
-    for _, secs, trace in ran:
+    for _, secs, trace, _ in defaults:
         tuning_log.commit_run(kernel_mod, secs, trace=trace)
-    return KernelCost(ran[0][0], "measured", 1)
+    kept = bool(seeded) and (not defaults or seeded[0][0] < defaults[0][0])
+    if kept:
+        tuning_log.commit_run(kernel_mod, seeded[0][1], trace=seeded[0][2])
+    seed_schedule = None if not any(role == "seed" for *_, role in outcomes) else \
+        ("kept" if kept else "slower")
+    return KernelCost(ran[0][0], "measured", 1, seed_schedule=seed_schedule)
+
+
+def _commit_recheck(tuning_log: TuningLog, kernel_mod: tvm.IRModule, name: str, logged: float,
+                    outcomes: list) -> KernelCost:
+    """Record the re-measurement of an implausible best record; set the old record aside when
+    the new one is less than half of it (the old was a stalled run). Unmeasurable: as logged."""
+    ran = [(record_seconds(secs), secs, trace) for secs, _, trace, _ in outcomes if secs]
+    if not ran:
+        return KernelCost(logged, "log", 0)
+    seconds, secs, trace = ran[0]
+    old = tuning_log.best_record(kernel_mod)
+    tuning_log.commit_run(kernel_mod, secs, trace=trace)
+    if seconds * 2 < logged and old is not None:
+        tuning_log.set_aside(kernel_mod, [old])
+        logger.warning("kernel %s: its logged %.4g ms is implausible for its size and was "
+                       "measured again at %.4g ms; the old record is set aside in %s.rejected",
+                       name, logged * 1e3, seconds * 1e3, RECORD_FILE)
+    best = tuning_log.best_seconds(kernel_mod)
+    return KernelCost(best, "measured", 1, rechecked=True)
 
 
 def _timed_out(error_message: str) -> bool:
@@ -559,6 +719,45 @@ def _timed_out(error_message: str) -> bool:
 def _timeout_seconds(runner) -> float:
     """The runner's time-out: the least a kernel that hit it can cost."""
     return float(getattr(runner, "timeout_sec", None) or DEFAULT_RUNNER_TIMEOUT)
+
+
+def _counting_runner_classes():
+    """A runner that calls `on_result` once per measurement MetaSchedule collects (made on
+    first use: MetaSchedule's Python classes import slowly)."""
+    from tvm.ir.utils import derived_object
+    from tvm.s_tir.meta_schedule.runner import PyRunner, PyRunnerFuture
+
+    @derived_object
+    class CountedFuture(PyRunnerFuture):
+        def __init__(self, future, on_result) -> None:
+            super().__init__()
+            self.future, self.on_result, self.counted = future, on_result, False
+
+        def done(self) -> bool:
+            return self.future.done()
+
+        def result(self):
+            result = self.future.result()
+            if not self.counted:
+                self.counted = True
+                self.on_result()
+            return result
+
+    @derived_object
+    class CountingRunner(PyRunner):
+        def __init__(self, runner, on_result) -> None:
+            super().__init__()
+            self.runner, self.on_result = runner, on_result
+
+        def run(self, runner_inputs):
+            return [CountedFuture(future, self.on_result)
+                    for future in self.runner.run(runner_inputs)]
+
+    return CountingRunner
+
+
+def _counting_runner(runner, on_result):
+    return _counting_runner_classes()(runner, on_result)
 
 
 def _tune(names, kernels, target, tuning_log, builder, runner, per_task, deadline, bar, seed):
@@ -573,7 +772,7 @@ def _tune(names, kernels, target, tuning_log, builder, runner, per_task, deadlin
         if remaining < seconds_per_trial * per_task * len(chunk):
             break  # the rest keep their default-schedule measurement
         before = {n: tuning_log.record_count(kernels[n]) for n in chunk}
-        began = time.perf_counter()
+        began, ticked = time.perf_counter(), bar.done
         errors = _tune_group(chunk, kernels, target, tuning_log, builder, runner, per_task,
                              seed + start)
         done = {n: tuning_log.record_count(kernels[n]) - before[n] for n in chunk}
@@ -586,7 +785,9 @@ def _tune(names, kernels, target, tuning_log, builder, runner, per_task, deadlin
         for name in chunk:
             best = tuning_log.best_seconds(kernels[name])
             costs[name] = KernelCost(best, "tuned", done[name], errors.get(name))
-        bar.update(done=len(chunk), trials=sum(done.values()), stage="tune")
+        # what MetaSchedule did not run of the trials asked (its search ran out) is done too
+        bar.skip(max(0, ticked + per_task * len(chunk) - bar.done), "tune")
+        bar.tick(0, kernels=len(chunk))
     return costs
 
 
@@ -602,9 +803,10 @@ def set_aside_wrong_records(tuning_log: TuningLog, kernel_mod: tvm.IRModule, tar
                                     target, name)
     for record, verdict in zip(wrong, verdicts):
         logger.warning("%s: a tuned schedule (%.4g ms) %s; set aside in %s.rejected", name,
-                       1e3 * mean_seconds(record.run_secs),
+                       1e3 * record_seconds(record.run_secs),
                        verdict.describe(), RECORD_FILE)
-    tuning_log.set_aside(kernel_mod, wrong)
+    tuning_log.set_aside(kernel_mod, wrong, [f"{name}: it {verdict.describe()}"
+                                             for verdict in verdicts])
     return len(wrong)
 
 
