@@ -106,9 +106,10 @@ LONG = "/encoder/layer.11/attention/self/" + "very_long_segment/" * 8 + "Softmax
 @pytest.fixture(scope="module")
 def hostile_explanation():
     """The tiny model with node names that try to break the page: a script opener, a name far
-    too long for a label, and a line separator (which ends a JavaScript string) with `&`."""
+    too long for a label, a line separator (which ends a JavaScript string) with `&`, and
+    quotes with a trailing backslash (which would escape a DOT string's closing quote)."""
     model = make_tiny_onnx()
-    names = [LONG, EVIL, "add\u2028&\u2029bias"]
+    names = [LONG, EVIL, "add\u2028&\u2029bias", 'norm "x" \\']
     for node, name in zip(model.graph.node, names):
         node.name = name
     return explain_model(model, predict_only=True)
@@ -185,6 +186,15 @@ def test_labels_are_cut_at_the_right_and_whole_on_hover(hostile_explanation):
                        for text in cut)
     titles = [t.text for t in svg.iter(SVG_NS + "title")]
     assert any(("Softmax " + LONG) in title for title in titles)
+
+
+def test_dot_quotes_names_from_the_model(hostile_explanation):
+    dot = render(hostile_explanation, "dot")
+    quoted = r'"(?:[^"\\]|\\.)*"'
+    nodes = re.findall(rf"^  p\d+ \[label=({quoted}), style={quoted}, fillcolor={quoted}, "
+                       rf"tooltip={quoted}[^\]]*\];$", dot, re.M)
+    assert len(nodes) == len(hostile_explanation["primitives"])
+    assert any(label.endswith('LayerNormalization norm \\"x\\" \\\\"') for label in nodes)
 
 
 def _chromium():

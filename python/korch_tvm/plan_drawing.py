@@ -167,10 +167,11 @@ def plan_dot(explanation: dict) -> str:
     for primitive in explanation["primitives"]:
         fills = ":".join(_hex(colours[k]) for k in primitive["kernels"]) or "white"
         style = "striped" if len(primitive["kernels"]) > 1 else "filled,rounded"
-        label = f"{primitive['id']} {primitive['op']}\\n{primitive['onnx'] or ''}"
+        label = (f"{_escape_dot(str(primitive['id']) + ' ' + primitive['op'])}\\n"
+                 f"{_escape_dot(primitive['onnx'] or '')}")
         extra = ", penwidth=2.5" if primitive["output"] else ""
         extra += ", peripheries=2" if primitive["opaque"] else ""
-        lines.append(f'  p{primitive["id"]} [label="{_escape_dot(label)}", style="{style}", '
+        lines.append(f'  p{primitive["id"]} [label="{label}", style="{style}", '
                      f'fillcolor="{fills}", tooltip={_quote(", ".join(primitive["kernels"]))}'
                      f"{extra}];")
     for primitive in explanation["primitives"]:
@@ -181,8 +182,10 @@ def plan_dot(explanation: dict) -> str:
 
 
 def _escape_dot(text: str) -> str:
-    return text.replace('"', '\\"')
+    """Text for inside a quoted DOT string: a name ending in a backslash must not escape the
+    closing quote."""
+    return text.replace("\\", "\\\\").replace('"', '\\"')
 
 
 def _quote(text: str) -> str:
-    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    return '"' + _escape_dot(text) + '"'
