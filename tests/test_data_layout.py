@@ -202,3 +202,21 @@ def test_a_failing_optional_layout_is_left_out_but_the_first_must_work(caplog):
 
     with pytest.raises(RuntimeError, match="NCHW broke"):
         in_best_layout(mod, "auto", first_fails, float)
+
+
+@pytest.mark.parametrize("korch", [False, True])
+def test_one_trial_budget_for_the_whole_compile_whatever_the_layouts(tmp_path, monkeypatch,
+                                                                     korch):
+    """`--layout auto --trials 16` used to give each layout (and Korch's layout per region)
+    16 trials of its own: 26 ran. The trials asked of MetaSchedule over the whole compile now
+    add up to at most the budget (tuning is counted, not run)."""
+    import korch_tvm.profiler as profiler
+
+    asked = []
+    monkeypatch.setattr(profiler, "_tune_group",
+                        lambda names, *_args: asked.append(_args[5] * len(names)) or {})
+    _, report = compile_model(conv_block_onnx(8, 8), "llvm", korch=korch,
+                              tuning_logs=str(tmp_path), trials=16, verify=False,
+                              config=KorchConfig(layout="auto"))
+    assert set(report["layouts"]) >= {"NCHW", "NHWC"}
+    assert 0 < sum(asked) <= 16, asked

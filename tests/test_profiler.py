@@ -300,3 +300,78 @@ def test_trials_of_kernels_the_log_covers_go_to_the_others():
     # a second compile after tuning each kernel to `moved`: every kernel covered, nothing moves
     assert allocate_new_trials(shares, 56, moved.__getitem__) == first
     assert all(moved[name] * 2 >= trials for name, trials in first.items())
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_progress_moves_per_measurement_with_an_eta_from_the_measurements_so_far():
+    import io
+
+    from korch_tvm.profiler import _Progress
+
+    clock, stream = FakeClock(), io.StringIO()
+    bar = _Progress(10, True, stream=stream, clock=clock)
+    bar.skip(4, "log")  # answered by the log: no work, no rate yet
+    assert bar.eta_seconds() is None
+    assert stream.getvalue().endswith("[korch] log      kernels 4/10  elapsed 0.0s  ETA -- ")
+    clock.now += 3.0
+    bar.tick(1, "measure")  # one measurement took 3 s; 5 are left
+    assert bar.eta_seconds() == pytest.approx(15.0)
+    clock.now += 3.0
+    bar.tick(1)
+    assert bar.line() == "[korch] measure  kernels 6/10  elapsed 6.0s  ETA 12.0s"
+    clock.now += 200.0
+    bar.tick(1)
+    assert bar.line() == "[korch] measure  kernels 7/10  elapsed 3m26s  ETA 3m26s"  # 206 s / 3 x 3
+    assert "nan" not in stream.getvalue() and stream.getvalue().count("\r") == 4
+    trials = _Progress(64, True, unit="trials", stream=io.StringIO(), clock=clock)
+    trials.tick(16, "tune", kernels=1)
+    assert trials.line() == "[korch] tune     trials 16/64  kernels 1  elapsed 0.0s  ETA 0.0s"
+
+
+def test_progress_is_silent_off_a_terminal_unless_asked():
+    import io
+
+    from korch_tvm.profiler import _Progress
+
+    quiet = io.StringIO()
+    bar = _Progress(2, None, stream=quiet)  # a StringIO is no terminal
+    bar.tick(1, "measure")
+    bar.close()
+    assert quiet.getvalue() == "" and not bar.enabled
+    asked = io.StringIO()
+    _Progress(2, True, stream=asked).tick(1, "measure")
+    assert "kernels 1/2" in asked.getvalue()
+
+
+def test_an_implausible_logged_time_is_measured_again_before_it_is_used(tmp_path, caplog):
+    """A 16x16 add logged at 1000x its time (a stalled run) is measured again: the cost comes
+    from the new measurement and the stalled record is set aside. A time measured twice is
+    trusted, however slow."""
+    kernel = legalized_kernels(16)["add"]
+    log = TuningLog(tmp_path / "a", TARGET)
+    real = profile_kernels({"add": kernel}, TARGET, log, trials=0, progress=False)["add"]
+    stalled = TuningLog(tmp_path / "b", TARGET)
+    stalled.commit_run(kernel, [real.seconds * 1000] * 3,
+                       trace=log.best_record(kernel).trace)
+    with caplog.at_level(logging.WARNING, logger="korch_tvm.profiler"):
+        cost = profile_kernels({"add": kernel}, TARGET, stalled, trials=0, progress=False)["add"]
+    assert cost.rechecked and cost.source == "measured"
+    assert cost.seconds < real.seconds * 1000 / 50  # the re-measurement, not the stalled run
+    assert cost.seconds == stalled.best_seconds(kernel) and stalled.record_count(kernel) == 1
+    assert "implausible for its size and was measured again" in caplog.text
+    again = profile_kernels({"add": kernel}, TARGET, TuningLog(tmp_path / "b", TARGET),
+                            trials=0, progress=False)["add"]
+    assert again.source == "log" and not again.rechecked
+    confirmed = TuningLog(tmp_path / "c", TARGET)
+    for _ in range(2):
+        confirmed.commit_run(kernel, [real.seconds * 1000] * 3,
+                             trace=log.best_record(kernel).trace)
+    slow = profile_kernels({"add": kernel}, TARGET, confirmed, trials=0, progress=False)["add"]
+    assert slow.source == "log" and slow.seconds == pytest.approx(real.seconds * 1000)
