@@ -88,7 +88,11 @@ def draw_latency_panel(axis, models: Sequence[tuple[str, dict]]) -> None:
                           ha="center", va="bottom", fontsize=7, xytext=(0, 2),
                           textcoords="offset points")
     if medians_all and max(medians_all) > 20 * min(medians_all):
+        from matplotlib.ticker import FuncFormatter, NullFormatter
+
         axis.set_yscale("log")
+        axis.yaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))  # not 10^-1
+        axis.yaxis.set_minor_formatter(NullFormatter())
     axis.set_xticks(range(len(models)), [name for name, _ in models], rotation=20, ha="right")
     axis.set_ylabel("latency (ms, lower is better)")
     axis.legend(fontsize=8)
