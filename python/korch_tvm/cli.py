@@ -330,6 +330,8 @@ def main(argv=None) -> int:
         print(f"korch-tvm: internal error: {type(err).__name__}: {first} (rerun with -v for "
               "the traceback, and please report it)", file=sys.stderr)
         return EXIT_INTERNAL_ERROR
+    finally:
+        interrupts.uninstall()
 
 
 if __name__ == "__main__":

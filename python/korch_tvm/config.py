@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import math
+import numbers
 from dataclasses import dataclass, replace
+
+from .errors import KorchError
 
 # Activation layouts a compile can use (data_layout.py); "auto" plans each and keeps the faster.
 LAYOUT_CHOICES = ("auto", "NCHW", "NHWC")
@@ -49,9 +53,21 @@ class KorchConfig:
     rpc_key: str | None = None
     progress: bool | None = None
     seed: int = 0
+    # Largest accepted verification error relative to each output's scale; None: by the
+    # output's dtype (verify.tolerance_for).
+    verify_tolerance: float | None = None
+
+    def __post_init__(self):
+        validate(self)
 
     def with_changes(self, **changes) -> "KorchConfig":
         return replace(self, **changes)
+
+    def overridden(self, **changes) -> "KorchConfig":
+        """This config with the keyword arguments that were given: a None means "as configured",
+        so `compile_model(m, config=KorchConfig(trials=8))` keeps the 8."""
+        given = {name: value for name, value in changes.items() if value is not None}
+        return replace(self, **given) if given else self
 
     @property
     def tunes(self) -> bool:
@@ -71,3 +87,53 @@ def trial_budget(trials: int, trials_per_kernel: int | None, kernels_to_tune: in
     if trials_per_kernel is None:
         return trials
     return trials_per_kernel * kernels_to_tune
+
+
+def validate(config: KorchConfig) -> None:
+    """Every knob of a compile checked in one place; each failure is a one-line `KorchError`
+    naming the command-line flag (the Python keyword has the same name without dashes)."""
+    check_count("--trials", config.trials)
+    if config.trials_per_kernel is not None:
+        check_count("--trials-per-kernel", config.trials_per_kernel)
+        if config.trials:
+            raise KorchError("give --trials (a total) or --trials-per-kernel, not both")
+    if config.time_budget is not None:
+        # 0 is a budget that is spent: every cost is then predicted, nothing measured.
+        check_number("--time-budget", config.time_budget, minimum=0.0, allow_minimum=True)
+    if config.num_threads is not None:
+        check_count("--threads", config.num_threads, minimum=1)
+    if config.verify_tolerance is not None:
+        check_number("--verify-tolerance", config.verify_tolerance, minimum=0.0, finite=True)
+    check_choice("--layout", config.layout, LAYOUT_CHOICES)
+    check_choice("--memory-limit", config.memory_limit, MEMORY_LIMITS)
+    check_count("max_kernel_size", config.max_kernel_size, minimum=1)
+    check_number("solver_time_limit", config.solver_time_limit, minimum=0.0)
+
+
+def check_count(flag: str, value, minimum: int = 0) -> int:
+    """An integer (not a bool, not a float) of at least `minimum`."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise KorchError(f"{flag} must be a whole number, got {value!r}")
+    if value < minimum:
+        raise KorchError(f"{flag} must be >= {minimum}, got {value}")
+    return int(value)
+
+
+def check_number(flag: str, value, minimum: float, allow_minimum: bool = False,
+                 finite: bool = False) -> float:
+    """A real number above `minimum` (or equal to it when `allow_minimum`); NaN is refused,
+    infinity too when `finite` (else it reads as "no bound")."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or math.isnan(value):
+        raise KorchError(f"{flag} must be a number, got {value!r}")
+    if finite and math.isinf(value):
+        raise KorchError(f"{flag} must be finite, got {value:g}")
+    if value < minimum or (value == minimum and not allow_minimum):
+        relation = ">=" if allow_minimum else ">"
+        raise KorchError(f"{flag} must be {relation} {minimum:g}, got {value:g}")
+    return float(value)
+
+
+def check_choice(flag: str, value, choices) -> str:
+    if value not in choices:
+        raise KorchError(f"{flag} must be one of {', '.join(choices)}, got {value!r}")
+    return value

@@ -17,7 +17,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from .errors import KorchError
+from .errors import EnvironmentFault, KorchError
 
 logger = logging.getLogger("korch_tvm.frontend")
 
@@ -50,7 +50,24 @@ def load_onnx(model: str | os.PathLike | onnx.ModelProto) -> onnx.ModelProto:
         onnx.checker.check_model(proto)
     except Exception as err:  # noqa: BLE001
         raise KorchError(f"the ONNX model is malformed: {_first_line(err)}") from None
+    check_opset(proto)
     return proto
+
+
+def check_opset(model: onnx.ModelProto) -> None:
+    """Refuse an operator set newer than the installed onnx package defines.
+
+    Shape inference and constant folding (onnx's reference evaluator) cannot run it, and TVM's
+    importer would use the newest converter it has for each operator, which may not mean what
+    the newer opset means.
+    """
+    newest = onnx.defs.onnx_opset_version()
+    for entry in model.opset_import:
+        if entry.domain in ("", "ai.onnx") and not 1 <= entry.version <= newest:
+            raise KorchError(
+                f"the model uses ONNX opset {entry.version}; onnx {onnx.__version__} and TVM's "
+                f"importer here support opsets 1 to {newest}: export it with opset {newest} "
+                "or lower")
 
 
 def input_shapes(model: onnx.ModelProto,
@@ -80,6 +97,70 @@ def input_shapes(model: onnx.ModelProto,
     if overrides:
         raise KorchError(f"--input-shape names unknown inputs: {', '.join(sorted(overrides))}")
     return shapes
+
+
+def check_activations_fit(model: onnx.ModelProto, shapes: Mapping[str, Sequence[int]],
+                          available: int | None = None) -> None:
+    """Refuse, before anything is allocated, input shapes whose activations cannot fit in memory.
+
+    The estimate is a floor: the inputs (verification makes them, then each runtime copies
+    them) plus the largest tensor the graph declares with a static shape. A shape that is over
+    it cannot run here whatever the schedule, so it is an `EnvironmentFault` (exit 1): the same
+    model may run on a larger machine. `available` defaults to the memory free now.
+    """
+    dtypes = input_dtypes(model)
+    inputs = sum(_tensor_bytes(shape, dtypes.get(name, "float32"))
+                 for name, shape in shapes.items())
+    declared = [_tensor_bytes([d.dim_value for d in value.type.tensor_type.shape.dim],
+                              onnx.helper.tensor_dtype_to_np_dtype(
+                                  value.type.tensor_type.elem_type).name)
+                for value in list(model.graph.value_info) + list(model.graph.output)
+                if _has_static_shape(value)]
+    needed = 2 * inputs + max(declared, default=0)
+    available = available_memory_bytes() if available is None else available
+    if available is not None and needed > available:
+        shown = ", ".join(f"{name}:{'x'.join(map(str, shape))}" for name, shape in shapes.items())
+        raise EnvironmentFault(
+            f"the input shapes ({shown}) need at least {_gib(needed)} of memory for their "
+            f"activations, and {_gib(available)} is available; give smaller --input-shape "
+            "sizes")
+
+
+def available_memory_bytes() -> int | None:
+    """Memory the kernel can hand out now without swapping (MemAvailable), or None if unknown."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as handle:
+            for line in handle:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def _has_static_shape(value) -> bool:
+    tensor_type = value.type.tensor_type
+    if not tensor_type.HasField("shape") or not tensor_type.elem_type:
+        return False
+    return all(d.HasField("dim_value") and d.dim_value > 0 for d in tensor_type.shape.dim)
+
+
+def _tensor_bytes(shape: Sequence[int], dtype: str) -> int:
+    size = 1
+    for dim in shape:
+        size *= int(dim)
+    try:
+        itemsize = np.dtype(dtype).itemsize
+    except TypeError:  # bfloat16 and friends without ml_dtypes: two bytes is a floor
+        itemsize = 2
+    return size * itemsize
+
+
+def _gib(size: int) -> str:
+    return f"{size / 2**30:.1f} GiB" if size >= 2**30 else f"{size / 2**20:.1f} MiB"
 
 
 def input_dtypes(model: onnx.ModelProto) -> dict[str, str]:

@@ -4,15 +4,25 @@ Python raises KeyboardInterrupt wherever the main thread happens to be. When tha
 callback TVM called from C++ (applying tuning records through the log's database, say), TVM
 hands it back as a plain RuntimeError with no message. The command line asks `pressed()` before
 reporting such an error as an internal one, so an interrupted run still ends as interrupted.
+
+Ctrl-C in a terminal goes to every process of the foreground group, so also to the builder
+and runner workers TVM starts; one that was still importing TVM printed a page of traceback,
+and a pool whose worker died so could hang the run. During a command-line run the main thread
+therefore blocks SIGINT, which every thread and process it starts afterwards inherits (a
+blocked mask survives fork and exec), and one listener thread takes the signal and hands it to
+the main thread's handler. Workers never see Ctrl-C; they end when their pool is shut down.
 """
 
 from __future__ import annotations
 
+import _thread
 import signal
 import sys
 import threading
 
 _PRESSED = threading.Event()
+_LISTENING = threading.Event()
+_listener: threading.Thread | None = None
 
 
 def note_and_raise(signum, frame):
@@ -31,9 +41,43 @@ def install() -> None:
     _PRESSED.clear()
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGINT, note_and_raise)
+        _start_listener()
     if sys.unraisablehook is not _quiet_interrupt:
         _quiet_interrupt.previous = sys.unraisablehook
         sys.unraisablehook = _quiet_interrupt
+
+
+def uninstall() -> None:
+    """Undo `install`'s signal mask (the handler stays): for a caller that goes on after the
+    command, such as a test running the command line in its own process."""
+    global _listener
+    if _listener is None or threading.current_thread() is not threading.main_thread():
+        return
+    _LISTENING.clear()
+    signal.pthread_kill(_listener.ident, signal.SIGINT)  # wakes it; it sees it should stop
+    _listener.join(timeout=5)
+    _listener = None
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
+
+def _start_listener() -> None:
+    """Block SIGINT here (and so in everything started from now on) and listen for it on a
+    thread of ours, which passes it to whatever SIGINT handler the main thread has then."""
+    global _listener
+    if _listener is not None or not hasattr(signal, "pthread_sigmask"):
+        return
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    _LISTENING.set()
+    _listener = threading.Thread(target=_listen, name="korch-ctrl-c", daemon=True)
+    _listener.start()
+
+
+def _listen() -> None:
+    while True:
+        signal.sigwait({signal.SIGINT})
+        if not _LISTENING.is_set():
+            return
+        _thread.interrupt_main(signal.SIGINT)  # runs the main thread's SIGINT handler
 
 
 def _quiet_interrupt(unraisable) -> None:

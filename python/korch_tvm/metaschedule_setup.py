@@ -17,7 +17,11 @@ microseconds. The search space comes from the target: `TuneContext(target=cuda)`
 
 from __future__ import annotations
 
+import contextlib
+import os
+import shutil
 import sys
+import tempfile
 import types
 
 _GPU_INTRIN_MODULES = ("cuda", "rocm", "hexagon", "arm_cpu", "riscv_cpu", "metal")
@@ -38,6 +42,33 @@ def prepare_for_target(target) -> None:
     """Apply the CPU-only shortcut when tuning for a CPU; CUDA tuning needs the real intrinsics."""
     if target.kind.name == "llvm":
         skip_gpu_tensor_intrin()
+
+
+@contextlib.contextmanager
+def builder_scratch_directory():
+    """Give this process, and the builder and runner workers it starts meanwhile, a temporary
+    folder of their own, removed at the end.
+
+    MetaSchedule's builders export every candidate to `tempfile.mkdtemp()/tvm_tmp_mod.tar`
+    (`default_export`), the runner compiles it to a `.so` beside it, and nothing removes either,
+    so each tuned compile left hundreds of folders in the system's temporary folder. Workers
+    are separate processes that read TMPDIR when they start, so the variable is set for the
+    duration (and restored after); one compile at a time per process, as TVM's own global
+    state already requires.
+    """
+    scratch = tempfile.mkdtemp(prefix="korch-tvm-scratch-")
+    previous_variable, previous_folder = os.environ.get("TMPDIR"), tempfile.tempdir
+    os.environ["TMPDIR"] = scratch
+    tempfile.tempdir = scratch
+    try:
+        yield scratch
+    finally:
+        if previous_variable is None:
+            os.environ.pop("TMPDIR", None)
+        else:
+            os.environ["TMPDIR"] = previous_variable
+        tempfile.tempdir = previous_folder
+        shutil.rmtree(scratch, ignore_errors=True)
 
 
 CPU_BUILDER_TIMEOUT = 60.0
