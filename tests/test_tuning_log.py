@@ -143,14 +143,14 @@ def test_records_are_read_only_when_used_and_an_unappliable_one_is_set_aside(tmp
 
     mod = small_kernels((16,))["sum_16"]
     log = TuningLog(tmp_path, TARGET)
-    log.commit_run(mod, [3e-5])
-    log.commit_run(mod, [2e-5])
+    log.commit_run(mod, [3e-4])
+    log.commit_run(mod, [2e-4])
     record_path = os.path.join(log.directory, RECORD_FILE)
     lines = open(record_path).read().splitlines()
     fake = json.loads(lines[1])
     assert fake[1][0][0][0][:1] == ["GetSBlock"]
     fake[1][0][0][0][2][0] = "no_such_block"  # allowed, but names no block of this kernel
-    fake[1][1] = [1e-4 / 1e3]  # 0.1 us: would undercut the real best by far
+    fake[1][1] = [1e-4]  # 0.1 ms: would undercut the real best, 0.2 ms
     open(record_path, "w").write(lines[0] + "\n" + lines[1] + "\n" + json.dumps(fake) + "\n")
 
     reads = []
@@ -160,10 +160,10 @@ def test_records_are_read_only_when_used_and_an_unappliable_one_is_set_aside(tmp
     with caplog.at_level(logging.WARNING, logger="korch_tvm.tuning_log"):
         reopened = TuningLog(tmp_path, TARGET)
         assert reads == [] and reopened.record_count(mod) == 3
-        assert reopened.best_seconds(mod) == pytest.approx(2e-5)  # not the fake's 1e-7
+        assert reopened.best_seconds(mod) == pytest.approx(2e-4)  # not the fake's 1e-4
     assert len(reads) == 2 and reopened.record_count(mod) == 2
     assert reopened.best_record(mod) is not None and reopened.kernels()[0].best_seconds == \
-        pytest.approx(2e-5)
+        pytest.approx(2e-4)
     assert open(record_path + ".rejected").read() == json.dumps(fake) + "\n"
     reasons = open(record_path + ".rejected.reasons").read().splitlines()
     assert len(reasons) == 1 and "does not apply to its kernel" in reasons[0]
@@ -171,7 +171,7 @@ def test_records_are_read_only_when_used_and_an_unappliable_one_is_set_aside(tmp
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="korch_tvm.tuning_log"):
         again = TuningLog(tmp_path, TARGET)
-        assert again.best_seconds(mod) == pytest.approx(2e-5) and again.record_count(mod) == 2
+        assert again.best_seconds(mod) == pytest.approx(2e-4) and again.record_count(mod) == 2
     assert "set aside" not in caplog.text and "does not apply" not in caplog.text
 
 
@@ -329,3 +329,16 @@ def test_records_timed_with_warm_caches_are_counted_and_reported(tmp_path, caplo
         assert TuningLog(tmp_path, TARGET).warm_timed_records() == 2
         TuningLog(tmp_path, TARGET)  # said once per directory and process
     assert caplog.text.count("2 of 4 records were timed") == 1 and "afresh" in caplog.text
+
+
+def test_a_log_file_linked_outside_its_directory_is_refused(tmp_path):
+    from korch_tvm.errors import KorchError
+
+    directory = tmp_path / "logs" / target_tag(TARGET)
+    directory.mkdir(parents=True)
+    outside = tmp_path / "outside.json"
+    outside.write_text("")
+    os.symlink(outside, directory / RECORD_FILE)
+    with pytest.raises(KorchError, match="outside"):
+        TuningLog(tmp_path / "logs", TARGET).commit_run(small_kernels((16,))["sum_16"], [2e-5])
+    assert outside.read_text() == ""

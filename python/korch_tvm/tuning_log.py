@@ -582,7 +582,9 @@ class TuningLog:
 
     # ---- files ----------------------------------------------------------------------------
     def _path(self, name: str) -> str:
-        return os.path.join(self.directory, name)
+        """A file of the log, refused if it resolves outside the directory (a symbolic link
+        planted in a shared log must not make us write elsewhere)."""
+        return inside_root(self.directory, name)
 
     def _make_directory(self) -> bool:
         for name in ("", WORKLOAD_FILE, RECORD_FILE):  # what is not a file cannot be a log
