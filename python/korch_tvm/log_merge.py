@@ -38,18 +38,21 @@ def merge_log_directory(source: str, destination: str) -> dict:
                     tag=os.path.basename(os.path.abspath(destination)))
     counts.update(workloads_added=0, records_added=0, duplicates=0)
     with log._locked():
+        new = []
         for line, runs in sorted(table.records.items()):
             mod = table.workloads[line].mod
-            if not log.has_workload(mod):
-                counts["workloads_added"] += 1
             known = log.record_keys(mod) if log.has_workload(mod) else set()
+            counts["workloads_added"] += not known and not log.has_workload(mod)
             for run in runs:
                 if run.key in known:
                     counts["duplicates"] += 1
                     continue
-                log.commit_record_json(mod, run.json)
+                new.append((run.file_line, mod, run.json))
                 known.add(run.key)
-                counts["records_added"] += 1
+        # in the source's order; the new workloads in one write, the records in another
+        log.commit_records_json([(mod, record) for _, mod, record in sorted(
+            new, key=lambda item: item[0])])
+        counts["records_added"] = len(new)
         _merge_attempts(source, table, log)
     logger.debug("merged %s into %s: %s", source, destination, counts)
     return counts

@@ -30,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import hashlib
 import json
 import logging
 import math
@@ -282,12 +283,32 @@ class _Table:
         return sum(len(runs) for runs in self.records.values())
 
 
+# Policy verdicts by a digest of the checked bytes: a compile opens its log several times, and a
+# merge reads the same records twice (source, destination); each line is judged once a process.
+_VERDICTS: dict[bytes, str | None] = {}
+
+
+def _judged(data: bytes, check, value) -> None:
+    """Run `check(value)` unless these exact bytes were judged before; `Refused` either way."""
+    digest = hashlib.blake2b(data, digest_size=16).digest()
+    if digest not in _VERDICTS:
+        if len(_VERDICTS) > 200_000:
+            _VERDICTS.clear()
+        try:
+            check(value)
+            _VERDICTS[digest] = None
+        except Refused as err:
+            _VERDICTS[digest] = str(err)
+    if _VERDICTS[digest] is not None:
+        raise Refused(_VERDICTS[digest])
+
+
 def _parse_workload(line: bytes) -> Workload:
     """The workload of a line; `Refused` when the policy does not allow its TIR."""
     value = json.loads(line)
     if not (isinstance(value, list) and len(value) == 2 and all(isinstance(v, str) for v in value)):
         raise ValueError("not a [hash, module] pair")
-    check_workload(value)
+    _judged(line, check_workload, value)
     return Workload.from_json(value)
 
 
@@ -300,12 +321,24 @@ def _parse_record(line: bytes, table: _Table) -> tuple[int, list]:
         raise Refused(f"its workload (line {value[0] + 1}) was refused")
     if value[0] not in table.workloads:
         raise ValueError(f"workload index {value[0]} is missing or corrupt")
-    _check_record_value(value[1])
+    _check_record_shape(value[1])
+    # judged by the record's own bytes, whatever its workload index: as commit_records_json does
+    _judged(line[line.index(b",") + 1:line.rindex(b"]")], _check_record_policy, value[1])
     return value[0], value[1]
 
 
 def _check_record_value(record) -> None:
     """`ValueError` for a malformed record, `Refused` for one the policy does not allow."""
+    _check_record_shape(record)
+    _check_record_policy(record)
+
+
+def _check_record_policy(record) -> None:
+    check_record(record)
+    check_times(record[1])
+
+
+def _check_record_shape(record) -> None:
     if not (isinstance(record, list) and len(record) == 4):
         raise ValueError("not a [trace, run_secs, target, args_info] record")
     trace, run_secs = record[:2]
@@ -314,8 +347,6 @@ def _check_record_value(record) -> None:
     if run_secs is not None and not (isinstance(run_secs, list) and all(
             isinstance(t, (int, float)) and not isinstance(t, bool) for t in run_secs)):
         raise ValueError("run_secs is not a list of numbers")
-    check_record(record)
-    check_times(run_secs)
 
 
 def record_refusal(record) -> str | None:
@@ -790,41 +821,58 @@ class TuningLog:
     def _commit_workload(self, mod: tvm.IRModule) -> Workload:
         with self._locked():
             self._sync()
-            table = self._table
-            line = table.find(mod)
-            if line is None:
-                workload = Workload(mod)
-                data = _dump_line(workload.as_json())
-                self._append(WORKLOAD_FILE, data)
-                line = table.workload_lines
-                table.add_workload(line, workload)
-                table.workload_lines += 1
-                table.workload_bytes += len(data) if self.writable else 0
-            return table.workloads[line]
+            self._commit_workloads([mod])
+            return self._table.workloads[self._table.find(mod)]
+
+    def _commit_workloads(self, mods: Sequence[tvm.IRModule]) -> None:
+        """Add the modules the log lacks, in one write; call under the lock, after `_sync`."""
+        table = self._table
+        new: list[tuple[tvm.IRModule, Workload]] = []
+        for mod in mods:
+            if table.find(mod) is None and not any(
+                    tvm_ffi.structural_equal(mod, other) for other, _ in new):
+                new.append((mod, Workload(mod)))
+        if not new:
+            return
+        lines = [_dump_line(workload.as_json()) for _, workload in new]
+        self._append(WORKLOAD_FILE, b"".join(lines))
+        for (_, workload), data in zip(new, lines):
+            table.add_workload(table.workload_lines, workload)
+            table.workload_lines += 1
+            table.workload_bytes += len(data) if self.writable else 0
 
     def _commit_record(self, record: TuningRecord) -> None:
         try:  # what this log would refuse to read back is not written
-            self.commit_record_json(record.workload.mod, _record_json(record))
+            plain = json.loads(_dump_line(_record_json(record)))  # TVM strings -> str
+            self.commit_record_json(record.workload.mod, plain)
         except Refused as err:
             logger.warning("tuning log %s: a new record is not kept: %s", self.directory, err)
 
     def commit_record_json(self, kernel_mod: tvm.IRModule, record_json: list) -> None:
         """Append a record given as its JSON ([trace, run_secs, target, args_info], as in a
         record file) without replaying it; `Refused` if the policy does not allow it."""
-        data = _dump_line(record_json)  # normalised as a reader of the file sees it
-        record_json = json.loads(data)
-        check_record(record_json)
-        check_times(record_json[1])
+        self.commit_records_json([(kernel_mod, record_json)])
+
+    def commit_records_json(self, records: Sequence[tuple[tvm.IRModule, list]]) -> None:
+        """`commit_record_json` for many (kernel, record JSON) pairs: their new workloads in one
+        write, then the records in another (each whole or not at all); `Refused`, and nothing
+        written, if the policy refuses any record. The JSON must be plain lists and dicts."""
+        dumped = [_dump_line(record)[:-1] for _, record in records]
+        for (_, record), data in zip(records, dumped):
+            _check_record_shape(record)
+            _judged(data, _check_record_policy, record)
+        if not records:
+            return
         with self._locked():
             self._sync()
-            line = self._table.find(kernel_mod)
-            if line is None:
-                self._commit_workload(kernel_mod)
-                line = self._table.find(kernel_mod)
-            data = _dump_line([line, record_json])
+            self._commit_workloads([mod for mod, _ in records])
+            table = self._table
+            lines = [table.find(mod) for mod, _ in records]
+            data = b"".join(b"[%d,%s]\n" % (line, record) for line, record in zip(lines, dumped))
             self._append(RECORD_FILE, data)
-            self._table.add_record(line, record_json)
-            self._table.record_bytes += len(data) if self.writable else 0
+            for line, (_, record) in zip(lines, records):
+                table.add_record(line, record)
+            table.record_bytes += len(data) if self.writable else 0
 
     def record_keys(self, kernel_mod: tvm.IRModule) -> set[str]:
         """The kernel's records as [trace, run_secs] text: what makes two records duplicates."""
