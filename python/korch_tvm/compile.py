@@ -14,7 +14,6 @@ import time
 from collections.abc import Mapping, Sequence
 
 import numpy as np
-import onnx
 
 from .config import KorchConfig
 from .cuda_build import build, check_device_code, is_cuda, no_device_reason

@@ -11,6 +11,9 @@ and a pool whose worker died so could hang the run. During a command-line run th
 therefore blocks SIGINT, which every thread and process it starts afterwards inherits (a
 blocked mask survives fork and exec), and one listener thread takes the signal and hands it to
 the main thread's handler. Workers never see Ctrl-C; they end when their pool is shut down.
+A blocked SIGINT no longer cuts short a wait of the main thread (a lock, a future), so the
+listener then also sends the main thread SIGURG (ignored by default, so harmless to anything
+else), whose empty handler makes the wait return and the SIGINT handler run at once.
 """
 
 from __future__ import annotations
@@ -58,6 +61,7 @@ def uninstall() -> None:
     _listener.join(timeout=5)
     _listener = None
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    signal.signal(signal.SIGURG, _wake_main.previous)
 
 
 def _start_listener() -> None:
@@ -67,6 +71,7 @@ def _start_listener() -> None:
     if _listener is not None or not hasattr(signal, "pthread_sigmask"):
         return
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    _wake_main.previous = signal.signal(signal.SIGURG, _wake_main)
     _LISTENING.set()
     _listener = threading.Thread(target=_listen, name="korch-ctrl-c", daemon=True)
     _listener.start()
@@ -78,6 +83,14 @@ def _listen() -> None:
         if not _LISTENING.is_set():
             return
         _thread.interrupt_main(signal.SIGINT)  # runs the main thread's SIGINT handler
+        signal.pthread_kill(threading.main_thread().ident, signal.SIGURG)
+
+
+def _wake_main(signum, frame) -> None:
+    """Nothing: arriving is enough to end the main thread's wait (see the module docstring)."""
+
+
+_wake_main.previous = signal.SIG_DFL
 
 
 def _quiet_interrupt(unraisable) -> None:

@@ -52,7 +52,7 @@ def check_output_path(path: str, flag: str) -> str:
         os.close(handle)
         os.unlink(probe)
     except OSError as err:
-        raise _with_flag(fault_from_os_error(err, err.filename or directory), flag) from None
+        raise _with_flag(fault_from_os_error(err, path), flag) from None
     return target
 
 
