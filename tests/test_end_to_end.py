@@ -155,3 +155,29 @@ def test_trials_per_kernel_scales_the_budget_with_the_kernels_tuned(tmp_path, ko
     _, again = compile_model(model, korch=korch, tuning_logs=str(tmp_path), config=config,
                              verify=False)
     assert again["tuning"]["trials_run"] == 0
+
+
+def test_cli_records_go_to_the_user_cache_and_never_into_the_repository(tmp_path, monkeypatch):
+    """`korch-tvm compile` without --tuning-logs keeps its records in the user cache; the
+    shipped logs are a read-only seed (of another tag: at most predictions and starting
+    points, whatever this CPU's ISA), never written."""
+    from korch_tvm.cli import main
+    from korch_tvm.target import parse_target, target_tag
+
+    model = tmp_path / "tiny.onnx"
+    model.write_bytes(make_tiny_onnx(rows=16, cols=32).SerializeToString())
+    monkeypatch.setenv("KORCH_TVM_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("KORCH_TVM_SEED_LOGS", str(SHIPPED_LOGS))
+    monkeypatch.setenv("KORCH_TVM_CPU_TAG", "h4-unshipped-cpu")  # a CPU without shipped logs
+    shipped = sorted((path.name, path.stat().st_size, path.stat().st_mtime_ns)
+                     for path in SHIPPED_LOGS.rglob("*"))
+    assert main(["compile", str(model), "--korch", "-q", "--no-verify"]) == 0
+    tag = target_tag(parse_target("llvm"))
+    assert tag.startswith("llvm-h4-unshipped-cpu-")
+    assert (tmp_path / "cache" / "tuning_logs" / tag / "database_tuning_record.json").stat() \
+        .st_size > 0
+    assert sorted((path.name, path.stat().st_size, path.stat().st_mtime_ns)
+                  for path in SHIPPED_LOGS.rglob("*")) == shipped
+    assert main(["compile", str(model), "--korch", "-q", "--no-verify",
+                 "--tuning-logs", ""]) == 0          # '' keeps nothing
+    assert len(list((tmp_path / "cache" / "tuning_logs").iterdir())) == 1
