@@ -42,6 +42,7 @@ def test_tolerance_follows_each_outputs_dtype():
 
     assert tolerance_for("float32") == DEFAULT_TOLERANCE == 1e-4
     assert tolerance_for("float16") == 2.0 ** -6
+    assert tolerance_for("bfloat16") == 2.0 ** -3
     assert tolerance_for("int64") == DEFAULT_TOLERANCE
     assert tolerance_for("float32", floor=2e-3) == 2e-3  # CUDA's fast-math floor
     half = [np.array([1.0, 0.5], "float16")]

@@ -34,7 +34,9 @@ DTYPE_TOLERANCES = {"float16": 2.0 ** -6, "bfloat16": 2.0 ** -3}
 
 def tolerance_for(dtype, floor: float = DEFAULT_TOLERANCE) -> float:
     """The default verification tolerance of an output of `dtype`, at least `floor`."""
-    return max(floor, DTYPE_TOLERANCES.get(np.dtype(dtype).name, DEFAULT_TOLERANCE))
+    # a name as well as a dtype: numpy knows bfloat16 only once ml_dtypes is imported
+    name = dtype if isinstance(dtype, str) else np.dtype(dtype).name
+    return max(floor, DTYPE_TOLERANCES.get(name, DEFAULT_TOLERANCE))
 
 
 @dataclass(frozen=True)
