@@ -163,3 +163,52 @@ def test_workloads_calling_functions_by_name_or_importing_code_are_refused(tmp_p
     with pytest.raises(Refused, match="pragma_import_llvm"):
         check_workload([str(v) for v in Workload(tvm.IRModule({"main": importing})).as_json()])
     assert trace_policy.EXTERNAL_CALLS_ALLOWED == frozenset()
+
+
+def _matmul_then_exp():
+    from tvm import te
+
+    a, w = te.placeholder((32, 64), name="A"), te.placeholder((64, 16), name="W")
+    k = te.reduce_axis((0, 64), name="k")
+    product = te.compute((32, 16), lambda i, j: te.sum(a[i, k] * w[k, j], axis=k), name="M")
+    out = te.compute((32, 16), lambda i, j: te.exp(product[i, j]), name="E")
+    return te.create_prim_func([a, w, out])
+
+
+def _as_logged(schedule, kernel, target):
+    """The record JSON of a schedule as the tuning log would write it."""
+    from tvm.s_tir import meta_schedule as ms
+
+    from korch_tvm.tuning_log import _record_json
+
+    record = ms.database.TuningRecord(schedule.trace, ms.database.Workload(kernel), [1e-5],
+                                      target, ms.arg_info.ArgInfo.from_prim_func(kernel["main"]))
+    return json.loads(json.dumps(_record_json(record)))
+
+
+@pytest.mark.parametrize("kind", ["llvm", "cuda"])
+def test_what_metaschedule_and_dlight_make_passes(kind):
+    """Every design space MetaSchedule's default rules make, with its postprocessors applied
+    (and dlight's CUDA schedule, korch_tvm's default there), is allowed: the allowlist is not
+    narrower than what tuning writes."""
+    import tvm
+    from tvm.s_tir import meta_schedule as ms
+
+    from korch_tvm.cuda_build import default_schedule
+
+    kernel = tvm.IRModule({"main": _matmul_then_exp().with_attr("global_symbol", "main")})
+    target = parse_target({"kind": "llvm", "mcpu": "znver4", "num-cores": 2} if kind == "llvm"
+                          else {"kind": "cuda", "arch": "sm_90"})
+    context = ms.TuneContext(kernel, target=target, space_generator="post-order-apply",
+                             task_name="k", rand_state=1)
+    checked = 0
+    for space in context.generate_design_space():
+        schedule = tvm.s_tir.Schedule(kernel)
+        space.trace.apply_to_schedule(schedule, remove_postproc=True)
+        if all(postproc.apply(schedule) for postproc in context.space_generator.postprocs):
+            check_record(_as_logged(schedule, kernel, target))
+            checked += 1
+    if kind == "cuda":
+        check_record(_as_logged(default_schedule(kernel, target), kernel, target))
+        checked += 1
+    assert checked >= 3

@@ -55,8 +55,8 @@ _THREAD_AXIS = re.compile(r"(blockIdx|threadIdx|vthread)\.[xyz]|vthread")
 # String attributes by instruction kind: position -> the pattern the string must match.
 _STRING_ATTRS = {
     "GetSBlock": {0: _NAME, 1: _NAME},
-    "CacheRead": {1: _SCOPE}, "CacheWrite": {1: _SCOPE}, "ReadAt": {0: _SCOPE},
-    "WriteAt": {0: _SCOPE}, "SetScope": {1: _SCOPE},
+    "CacheRead": {1: _SCOPE}, "CacheWrite": {1: _SCOPE}, "ReadAt": {1: _SCOPE},
+    "WriteAt": {1: _SCOPE}, "SetScope": {1: _SCOPE},
     "Bind": {0: _THREAD_AXIS},
     "Tensorize": {0: _NAME},
 }
