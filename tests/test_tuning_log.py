@@ -342,3 +342,29 @@ def test_a_log_file_linked_outside_its_directory_is_refused(tmp_path):
     with pytest.raises(KorchError, match="outside"):
         TuningLog(tmp_path / "logs", TARGET).commit_run(small_kernels((16,))["sum_16"], [2e-5])
     assert outside.read_text() == ""
+
+
+def test_a_write_that_fails_inside_metaschedule_is_raised_as_a_fault_at_the_next_lookup(
+        tmp_path, monkeypatch):
+    """MetaSchedule turns every error of a database callback into a RuntimeError; the log
+    keeps the fault and raises it, as what it was, at the next lookup."""
+    from korch_tvm.errors import EnvironmentFault
+
+    mod = small_kernels((16,))["sum_16"]
+    log = TuningLog(tmp_path, TARGET)
+    workload = log.database.commit_workload(mod)
+
+    def full(fd, data):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "write", full)
+    args = ms.arg_info.ArgInfo.from_prim_func(mod["main"])
+    record = ms.database.TuningRecord(tvm.s_tir.Schedule(mod).trace, workload, [2e-5] * 3,
+                                      TARGET, args)
+    with pytest.raises(Exception) as info:
+        log.database.commit_tuning_record(record)
+    assert not isinstance(info.value, EnvironmentFault)  # what TVM let through
+    monkeypatch.undo()
+    with pytest.raises(EnvironmentFault, match="cannot write the tuning log .*No space left"):
+        log.best_seconds(mod)
+    assert log.best_seconds(mod) is None  # raised once; the log stays usable

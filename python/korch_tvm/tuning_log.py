@@ -490,12 +490,14 @@ class TuningLog:
         runs, self._table.unappliable = self._table.unappliable, []
         if not runs:
             return
-        why = {run.key: run.problem for run in runs}
         with self._locked():
             self._sync()
-            self._move_aside({run.file_line: why[run.key]
-                              for line_runs in self._table.records.values()
-                              for run in line_runs if run.key in why})
+            lines = {}
+            for found in runs:  # by workload and content: the table may have been reloaded
+                lines.update({run.file_line: found.problem
+                              for run in self._table.runs(found.workload.mod)
+                              if run.key == found.key})
+            self._move_aside(lines)
 
     def _move_aside(self, lines: dict[int, str]) -> None:
         """Move record lines (file line -> reason) to `.rejected`; call under the lock."""
