@@ -460,7 +460,8 @@ class TuningLog:
 
     def set_aside(self, kernel_mod: tvm.IRModule, records: Sequence[TuningRecord],
                   reasons: Sequence[str] | None = None) -> None:
-        """Take `records` (found wrong) out of the log, so no build or plan uses them again.
+        """Take `records` (found wrong, or implausible) out of the log, so no build or plan uses
+        them again.
 
         Their lines move verbatim to `<record file>.rejected`, with `reasons` (one each) in
         `.rejected.reasons`; nothing is destroyed. The record file is rewritten under the lock
@@ -469,7 +470,7 @@ class TuningLog:
         """
         if not records:
             return
-        reasons = list(reasons or ["it computes something other than its kernel"] * len(records))
+        reasons = list(reasons or ["set aside by a check that gave no reason"] * len(records))
         # by content: the table may have been reloaded (new objects) since they were read
         why = {_record_key(record): reason for record, reason in zip(records, reasons)}
         with self._locked():
