@@ -151,3 +151,28 @@ def test_a_compatible_log_in_the_users_own_root_seeds_too(tmp_path):
     assert len(local.database) == 0  # foreign records never enter the log as they are
     shutil.rmtree(tmp_path / "llvm-sapphirerapids-2c")  # a remembered seed that is gone
     assert seed_log(TuningLog(tmp_path, ZNVER4), []) is None
+
+
+@pytest.mark.skipif(target_isa(parse_target("llvm")) != tag_isa(SHIPPED_TAG),
+                    reason="this CPU's vector ISA is not the shipped log's")
+def test_a_seeded_plan_predicts_from_the_seed(tmp_path, monkeypatch):
+    """A plan on an empty, seeded log (predictions only: nothing is measured) costs every
+    kernel the seed holds at the seed's best time (nothing was timed here to calibrate by)."""
+    from conftest import MODELS
+    from korch_tvm.config import KorchConfig
+    from korch_tvm.frontend import import_onnx
+    from korch_tvm.passes import plan_korch
+
+    monkeypatch.setenv("KORCH_TVM_SEED_LOGS", str(SHIPPED))
+    config = KorchConfig(target=parse_target("llvm"), tuning_logs=str(tmp_path), layout="NCHW")
+    import onnx
+
+    plan = plan_korch(import_onnx(onnx.load(str(MODELS / "bert_layer.onnx")), None), config,
+                      predict_only=True)
+    seed = seed_log(plan.tuning_log)
+    from_seed = {key: seed.best_seconds(plan.kernel_modules[key]) for key in plan.costs}
+    from_seed = {key: seconds for key, seconds in from_seed.items() if seconds is not None}
+    assert len(from_seed) > 10
+    assert all(plan.costs[key].source == "predicted" for key in from_seed)
+    assert {key: plan.costs[key].seconds for key in from_seed} == pytest.approx(from_seed)
+    assert len(plan.tuning_log.database) == 0  # predictions never enter the log

@@ -16,7 +16,8 @@ opens its log `<root>/<tag>` and finds no records in it:
   the log (`SEED_FILE`), so later compiles keep using it once the log has records of its own.
 
 A foreign log is read through a validating merge (`tuning_log.merge_log_directory`) into a
-private temporary copy: it is untrusted data, and the seed root itself is never written.
+private copy (`<log>/.seeds/<tag>`, or a temporary directory when the log is read-only): it is
+untrusted data, and the seed root itself is never written.
 """
 
 from __future__ import annotations
@@ -32,8 +33,6 @@ import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
-
-from .memo import KeyedMemo
 
 if TYPE_CHECKING:  # TVM loads in a second; the CLI asks `user_log_root` before it needs TVM
     import tvm
@@ -172,7 +171,7 @@ def seed_log(tuning_log: TuningLog, roots: Sequence[str] | None = None) -> Seed 
     local_tag = os.path.basename(tuning_log.directory)
     remembered = _remembered(tuning_log, [own_root, *roots])
     if remembered is not None:
-        return _open_seed(remembered, os.path.basename(remembered))
+        return _open_seed(remembered, os.path.basename(remembered), tuning_log)
     if len(tuning_log.database):
         return None
     for root in roots:
@@ -188,7 +187,7 @@ def seed_log(tuning_log: TuningLog, roots: Sequence[str] | None = None) -> Seed 
         _say_why_not(local_tag, here, found)
         return None
     root, tag = min(compatible, key=lambda entry: _distance(entry, local_tag, own_root))
-    seed = _open_seed(os.path.join(root, tag), tag)
+    seed = _open_seed(os.path.join(root, tag), tag, tuning_log)
     _remember(tuning_log, os.path.join(root, tag))
     logger.info("tuning log %s is empty: seeding from %s (same ISA %s): %d kernels as "
                 "predictions and starting points", local_tag, tag, here, seed.kernel_count)
@@ -233,26 +232,55 @@ def _distance(entry: tuple[str, str], local_tag: str, own_root: str) -> tuple:
 
 # Private, validated copies of seed logs, by directory and file state: a compile opens its log
 # once per layout planned.
-_SEEDS: KeyedMemo[Seed] = KeyedMemo(kept=8)
+_SEEDS: dict[tuple, Seed] = {}
+SEEDS_KEPT = 8
+SEED_COPIES = ".seeds"  # in a writable log: validated copies of its seed, kept between compiles
 
 
-def _open_seed(directory: str, tag: str) -> Seed:
-    def files_state():
-        return tuple((os.stat(path).st_size, os.stat(path).st_mtime_ns)
-                     for path in (os.path.join(directory, WORKLOAD_FILE),
-                                  os.path.join(directory, RECORD_FILE)))
+def _open_seed(directory: str, tag: str, tuning_log: TuningLog) -> Seed:
+    state = [os.path.realpath(directory),
+             [[os.stat(path).st_size, os.stat(path).st_mtime_ns]
+              for path in (os.path.join(directory, WORKLOAD_FILE),
+                           os.path.join(directory, RECORD_FILE))]]
+    key = (tuning_log.directory, json.dumps(state))
+    seed = _SEEDS.get(key)
+    # a copy in a temporary folder goes with the compile's scratch folder (metaschedule_setup)
+    if seed is None or not os.path.isdir(seed.log.directory):
+        if len(_SEEDS) >= SEEDS_KEPT:
+            _SEEDS.clear()
+        seed = _SEEDS[key] = _private_copy(directory, tag, tuning_log, state)
+    return seed
 
-    return _SEEDS.get((os.path.realpath(directory), files_state()),
-                      lambda: _private_copy(directory, tag))
 
-
-def _private_copy(directory: str, tag: str) -> Seed:
+def _private_copy(directory: str, tag: str, tuning_log: TuningLog, state: list) -> Seed:
+    """The seed read through a validating merge into a copy of its own: kept in the log's
+    SEED_COPIES while the seed's files stay as they were (merging takes seconds, reading the
+    copy one), else in a temporary directory."""
     from .tuning_log import TuningLog, merge_log_directory
 
     target = tag_target(tag)
-    holder = tempfile.TemporaryDirectory(prefix="korch-tvm-seed-")
-    merge_log_directory(directory, os.path.join(holder.name, tag))
-    return Seed(tag, target_isa(target), TuningLog(holder.name, target, tag=tag), holder)
+    holder = None
+    if tuning_log.writable:
+        copies = os.path.join(tuning_log.directory, SEED_COPIES)
+        stamp = os.path.join(copies, tag + ".source.json")
+        if not _stamped(stamp, state):
+            shutil.rmtree(os.path.join(copies, tag), ignore_errors=True)
+            merge_log_directory(directory, os.path.join(copies, tag))
+            with open(stamp, "w", encoding="utf-8") as file:
+                json.dump(state, file)
+    else:
+        holder = tempfile.TemporaryDirectory(prefix="korch-tvm-seed-")
+        copies = holder.name
+        merge_log_directory(directory, os.path.join(copies, tag))
+    return Seed(tag, target_isa(target), TuningLog(copies, target, tag=tag), holder)
+
+
+def _stamped(stamp: str, state: list) -> bool:
+    try:
+        with open(stamp, encoding="utf-8") as file:
+            return json.load(file) == state
+    except (OSError, ValueError):
+        return False
 
 
 def _remember(tuning_log: TuningLog, directory: str) -> None:

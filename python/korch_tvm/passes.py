@@ -132,7 +132,9 @@ def plan_korch(mod: tvm.IRModule, config: KorchConfig, *, predict_only: bool = F
 
     With ``config.layout == "auto"`` a model with convolutions is planned in each activation
     layout (data_layout.py), then with a layout per region (region_layout.py), and the plan of
-    least modelled latency is kept. With
+    least modelled latency is kept. The trial budget is the compile's, not each layout's: the
+    kernels of every layout's plan are tuned in one round, by their latency share (`_tune_once`).
+    With
     ``config.memory_limit == "stock"`` the plan needs no more activation storage than TVM's own
     fusion groups (memory_plan.py).
     """

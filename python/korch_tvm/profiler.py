@@ -2,10 +2,13 @@
 
 The stage, per distinct kernel module, in order:
 1. a record in the log -> its best time, zero trials (a second compile does no work); a kernel
-   whose records are all failures is retried until it has failed `FAILED_ATTEMPTS_KEPT` times;
+   whose records are all failures is retried until it has failed `FAILED_ATTEMPTS_KEPT` times,
+   and a best time implausibly far above the kernel's floor and prediction is measured again
+   first (`headroom.implausible`);
 2. otherwise its default schedule (the one the build gives untuned kernels) is built and run
    once and the result recorded: this finds kernels that cannot build or run (cost inf, never
-   a crash) and gives every kernel a finite fallback before any tuning starts;
+   a crash) and gives every kernel a finite fallback before any tuning starts; a seed log of
+   another CPU (log_seeds.py) adds its best schedule of the kernel, kept when it is faster;
 3. whatever `time_budget` left without a measurement gets a cost-model prediction;
 4. with `trials > 0`, the budget is split where the time goes and could be saved (each
    kernel's latency share times its headroom above the floor, `trial_allocation`) and
