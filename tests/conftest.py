@@ -50,20 +50,30 @@ def tiny_onnx_path(tmp_path):
 
 
 @pytest.fixture(autouse=True, scope="session")
-def _private_log_cache(tmp_path_factory):
-    """No test writes into the real home cache (the CLI's default log root), and no test is
-    seeded from the shipped logs unless it asks (`KORCH_TVM_SEED_LOGS`): whether they seed a
-    log depends on this CPU's vector ISA, and every test must behave alike on any CPU.
-    Subprocesses inherit both."""
-    saved = {name: os.environ.get(name) for name in ("KORCH_TVM_CACHE_DIR", "KORCH_TVM_SEED_LOGS")}
-    os.environ["KORCH_TVM_CACHE_DIR"] = str(tmp_path_factory.mktemp("korch-cache"))
+def _no_seed_logs():
+    """No test is seeded from the shipped logs unless it asks (`KORCH_TVM_SEED_LOGS`): whether
+    they seed a log depends on this CPU's vector ISA, and tests must behave alike on any CPU."""
+    saved = os.environ.get("KORCH_TVM_SEED_LOGS")
     os.environ["KORCH_TVM_SEED_LOGS"] = ""
     yield
-    for name, value in saved.items():
-        if value is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = value
+    _restore("KORCH_TVM_SEED_LOGS", saved)
+
+
+@pytest.fixture(autouse=True)
+def _private_log_cache(tmp_path_factory):
+    """No test writes into the real home cache (the CLI's default log root), and none sees
+    another's records there: each test has a cache of its own (subprocesses inherit it)."""
+    saved = os.environ.get("KORCH_TVM_CACHE_DIR")
+    os.environ["KORCH_TVM_CACHE_DIR"] = str(tmp_path_factory.mktemp("korch-cache"))
+    yield
+    _restore("KORCH_TVM_CACHE_DIR", saved)
+
+
+def _restore(name: str, value: str | None) -> None:
+    if value is None:
+        os.environ.pop(name, None)
+    else:
+        os.environ[name] = value
 
 
 @pytest.fixture(autouse=True)
