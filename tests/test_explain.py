@@ -266,3 +266,29 @@ def test_nhwc_plan_is_traced_to_the_right_onnx_operators():
                       ("nn.conv2d", "Conv c3"), ("nn.relu", "Relu y")]
     relus = [p for p in explanation["primitives"] if p["op"] == "nn.relu"]
     assert all(p["onnx_exact"] for p in relus)
+
+
+def test_explain_keeps_what_its_config_says(tmp_path):
+    """Keyword defaults must not overwrite the config (they once reset the log to none)."""
+    from korch_tvm.config import KorchConfig
+    from korch_tvm.target import parse_target, target_tag
+
+    config = KorchConfig(tuning_logs=str(tmp_path), layout="NHWC", solver_time_limit=3.0)
+    explanation = explain_model(make_tiny_onnx(), config=config, predict_only=True)
+    assert (tmp_path / target_tag(parse_target("llvm"))).is_dir()  # the config's log was opened
+    assert explanation["kernels"], "a plan with kernels"
+
+
+def test_explain_says_a_model_without_operators_has_no_plan(capsys):
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph([], "passthrough",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    path = tempfile.mkdtemp()
+    onnx.save(model, os.path.join(path, "passthrough.onnx"))
+    code = cli.main(["explain", os.path.join(path, "passthrough.onnx"), "--tuning-logs", ""])
+    assert code == 2
+    assert "has no operators" in capsys.readouterr().err

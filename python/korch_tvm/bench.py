@@ -571,8 +571,6 @@ def _worker_memory(task: dict) -> dict:
     inputs = random_inputs(shapes, input_dtypes(proto))
     threads = task.get("threads")
     if task["runtime"] == "onnxruntime":
-        import onnxruntime
-
         del proto
         baseline = _baseline()
         session = _ort_session(task["model"], threads)
@@ -623,8 +621,9 @@ def _baseline() -> float | None:
 
 
 def _ort_session(model_path: str, threads: int | None, options=None):
-    import onnxruntime
+    from .verify import import_onnxruntime
 
+    onnxruntime = import_onnxruntime()  # telemetry off: nothing written under the home folder
     options = options or onnxruntime.SessionOptions()
     options.intra_op_num_threads = int(threads or _cores())
     options.inter_op_num_threads = 1
@@ -641,11 +640,9 @@ def _cores() -> int:
 
 
 def _ort_available() -> bool:
-    try:
-        import onnxruntime  # noqa: F401
-    except ImportError:
-        return False
-    return True
+    from .verify import import_onnxruntime
+
+    return import_onnxruntime() is not None
 
 
 # ----------------------------------------------------------------------------- the benchmark
@@ -860,11 +857,10 @@ def retime(model, previous: dict, reports_dir: str, *, input_shapes=None, thread
 
 
 def _ort_version() -> str | None:
-    try:
-        import onnxruntime
-    except ImportError:
-        return None
-    return onnxruntime.__version__
+    from .verify import import_onnxruntime
+
+    onnxruntime = import_onnxruntime()
+    return None if onnxruntime is None else onnxruntime.__version__
 
 
 def compile_summary(report: Mapping) -> dict:

@@ -31,9 +31,12 @@ def add_arguments(parser) -> None:
     parser.add_argument("-o", "--output", metavar="FILE", default=None,
                         help="write here instead of stdout (html: default MODEL.korch.html)")
     parser.add_argument("--target", default="llvm", help="as for compile (default: llvm)")
-    parser.add_argument("--tuning-logs", metavar="DIR", default=None,
-                        help="root of the tuning logs to read costs from (and record "
-                             "measurements into)")
+    from .log_seeds import user_log_root  # no TVM import: --help stays fast
+
+    parser.add_argument("--tuning-logs", metavar="DIR", default=user_log_root(),
+                        help="root of the tuning logs to read costs from and record "
+                             "measurements into, as for compile (default: %(default)s; '' "
+                             "keeps nothing)")
     parser.add_argument("--trials", type=int, default=0, metavar="N",
                         help="MetaSchedule trials for kernels not in the log, as for compile")
     parser.add_argument("--time-budget", type=float, default=None, metavar="SECONDS",
@@ -56,10 +59,6 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
-    from .errors import KorchError
-
-    if args.trials < 0:
-        raise KorchError(f"--trials must be >= 0, got {args.trials}")
     explanation = explain_model(
         args.model, target=args.target, tuning_logs=args.tuning_logs, trials=args.trials,
         time_budget=args.time_budget, predict_only=args.predict_only,
@@ -111,26 +110,29 @@ def _write_text(path: str, text: str) -> None:
         raise KorchError(f"cannot write '{path}': {err.strerror}") from None
 
 
-def explain_model(model, target="llvm", *, tuning_logs=None, trials: int = 0,
+def explain_model(model, target=None, *, tuning_logs=None, trials=None,
                   time_budget=None, predict_only: bool = False, input_shapes_override=None,
                   num_threads=None, solver_time_limit=None, layout=None, config=None) -> dict:
-    """Plan `model` (ONNX path, `onnx.ModelProto` or Relax `IRModule`) and describe the plan."""
+    """Plan `model` (ONNX path, `onnx.ModelProto` or Relax `IRModule`) and describe the plan.
+
+    Keyword arguments override `config` only when given (None: as configured), as in
+    `compile_model`.
+    """
+    from .compile import has_operators
     from .config import KorchConfig
+    from .errors import KorchError
     from .passes import plan_korch
     from .target import configure_threads, parse_target, target_tag
 
-    changes = dict(target=target, tuning_logs=tuning_logs, trials=int(trials),
-                   time_budget=time_budget)
-    if num_threads is not None:
-        changes["num_threads"] = num_threads
-    if solver_time_limit is not None:
-        changes["solver_time_limit"] = float(solver_time_limit)
-    if layout is not None:
-        changes["layout"] = layout
-    config = (config or KorchConfig()).with_changes(**changes)
+    config = (config or KorchConfig()).overridden(
+        target=target, tuning_logs=tuning_logs, trials=trials, time_budget=time_budget,
+        num_threads=num_threads, layout=layout,
+        solver_time_limit=None if solver_time_limit is None else float(solver_time_limit))
     tvm_target = parse_target(config.target)
     configure_threads(config.num_threads)
     name, module, trace = _load(model, input_shapes_override)
+    if not has_operators(module):
+        raise KorchError(f"{name} has no operators: there is no plan to explain (it runs as is)")
     plan = plan_korch(module, config.with_changes(target=tvm_target), predict_only=predict_only)
     explanation = describe_plan(plan, trace)
     exact = sum(p["onnx_exact"] for p in explanation["primitives"])

@@ -98,7 +98,9 @@ def ort_profiled_kind_times(make_session: Callable, inputs: Mapping, runs: int =
     `make_session(options)` builds the session from SessionOptions with profiling switched on;
     the profile file goes to a temporary directory and is removed.
     """
-    import onnxruntime
+    from .verify import import_onnxruntime
+
+    onnxruntime = import_onnxruntime()  # telemetry off
 
     with tempfile.TemporaryDirectory(prefix="korch-ort-profile-") as directory:
         options = onnxruntime.SessionOptions()
