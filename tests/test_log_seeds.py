@@ -14,7 +14,7 @@ from korch_tvm.log_seeds import (SEED_FILE, Seed, seed_log, seed_roots, tag_isa,
 from korch_tvm.profiler import profile_kernels, _default_schedules
 from korch_tvm.target import parse_target
 from korch_tvm.tuning_log import TuningLog
-from test_profiler import legalized_kernels
+from test_profiler import legalized_kernels, split_trace
 
 SHIPPED = REPO / "tuning_logs"
 SHIPPED_TAG = "llvm-znver4-2c"
@@ -98,6 +98,8 @@ def test_seed_predictions_are_calibrated_by_default_times_measured_in_both(tmp_p
     local = TuningLog(tmp_path / "mine", ZNVER4)
     for index, kernel in enumerate(kernels):
         seed_log_dir.commit_run(kernel, [1e-5 * (index + 1)] * 3)
+        seed_log_dir.commit_run(kernel, [1e-6] * 3,  # a tuned time: no prediction of a default
+                                trace=split_trace(kernel, 2))
     seed = Seed("llvm-haswell-2c", "avx2", seed_log_dir)
     keys = {f"k{i}": kernel for i, kernel in enumerate(kernels)}
     assert seed.predictions(keys, local) == pytest.approx(
@@ -157,7 +159,8 @@ def test_a_compatible_log_in_the_users_own_root_seeds_too(tmp_path):
                     reason="this CPU's vector ISA is not the shipped log's")
 def test_a_seeded_plan_predicts_from_the_seed(tmp_path, monkeypatch):
     """A plan on an empty, seeded log (predictions only: nothing is measured) costs every
-    kernel the seed holds at the seed's best time (nothing was timed here to calibrate by)."""
+    kernel the seed holds at the seed's default-schedule time (nothing was timed here to
+    calibrate by)."""
     from conftest import MODELS
     from korch_tvm.config import KorchConfig
     from korch_tvm.frontend import import_onnx
@@ -170,7 +173,7 @@ def test_a_seeded_plan_predicts_from_the_seed(tmp_path, monkeypatch):
     plan = plan_korch(import_onnx(onnx.load(str(MODELS / "bert_layer.onnx")), None), config,
                       predict_only=True)
     seed = seed_log(plan.tuning_log)
-    from_seed = {key: seed.best_seconds(plan.kernel_modules[key]) for key in plan.costs}
+    from_seed = {key: seed.log.default_seconds(plan.kernel_modules[key]) for key in plan.costs}
     from_seed = {key: seconds for key, seconds in from_seed.items() if seconds is not None}
     assert len(from_seed) > 10
     assert all(plan.costs[key].source == "predicted" for key in from_seed)

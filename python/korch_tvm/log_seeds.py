@@ -9,9 +9,10 @@ opens its log `<root>/<tag>` and finds no records in it:
 * otherwise the nearest *compatible* tag (same target kind and vector instruction set: avx512,
   avx2, avx, sse, sve or neon as LLVM knows the tag's CPU; the same major arch on CUDA), in the
   seed roots or beside the log in the user's own root, becomes the log's `Seed`. Its records
-  are only ever predictions and starting points: a kernel's best time there, calibrated to this
-  machine, predicts the kernel's time here, and when a kernel is measured here its best
-  schedule there is measured too, beside the default ones (profiler.py). Nothing from a foreign
+  are only ever predictions and starting points: a kernel's default-schedule time there,
+  calibrated to this machine, predicts its default time here (what planning compares), and
+  when a kernel is measured here its best schedule there is measured too, beside the default
+  ones, and kept when faster (profiler.py). Nothing from a foreign
   tag is used as a cost without being measured here. Which seed a log took is remembered in
   the log (`SEED_FILE`), so later compiles keep using it once the log has records of its own.
 
@@ -156,11 +157,15 @@ class Seed:
 
     def predictions(self, modules: Mapping[str, tvm.IRModule],
                     local_log: TuningLog) -> dict[str, float]:
-        """Seconds predicted for each module the seed log has timed: its best there, times
-        the calibration."""
+        """Seconds predicted for each module the seed log has timed: its default-schedule
+        time there, times the calibration. Not its best: planning (pruning, lazy costing)
+        compares predictions with default-schedule costs measured here, and a tuned time
+        beside them made the seed's kernels look far cheaper than anything measured; the best
+        schedule enters as a starting point instead, measured here."""
         ratio = self.calibration(local_log)
-        found = {key: self.best_seconds(module) for key, module in modules.items()}
-        return {key: seconds * ratio for key, seconds in found.items() if seconds is not None}
+        found = {key: self.log.default_seconds(module) for key, module in modules.items()}
+        return {key: seconds * ratio for key, seconds in found.items()
+                if seconds is not None and math.isfinite(seconds)}
 
 
 def seed_log(tuning_log: TuningLog, roots: Sequence[str] | None = None) -> Seed | None:
