@@ -137,6 +137,11 @@ def test_layout_maps_must_be_plain_index_arithmetic():
     sneaky = index_map_json(lambda i, j: [tvm.tirx.call_extern("int32", "system", i), j])
     with pytest.raises(Refused, match="not plain index arithmetic"):
         check_record(with_instruction(record, "TransformBlockLayout", [block], [sneaky]))
+    # a map written with source spans (debug information) is still plain arithmetic
+    span = tvm.ir.Span(tvm.ir.SourceName("layout.py"), 1, 2, 1, 9)
+    i = tvm.tirx.Var("i", "int32", span=span)
+    spanned = tvm.ir.save_json(tvm.tirx.IndexMap([i], [i * 2], None))
+    check_record(with_instruction(record, "TransformBlockLayout", [block], [spanned]))
     with pytest.raises(Refused, match="not an IndexMap"):
         not_a_map = tvm.ir.save_json(tvm.runtime.convert([1, 2]))
         check_record(with_instruction(record, "TransformLayout", [block, not_a_map],

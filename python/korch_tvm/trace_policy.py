@@ -105,6 +105,10 @@ _INDEX_MAP_NODES = {
     "ir.IntImm": {"span", "ty", "value"},
     "prim.Cast": {"span", "ty", "value"},
     "tirx.IndexMap": {"initial_indices", "final_indices", "inverse_index_map"},
+    # Where a variable was written in Python (debug information only, never code): a map made
+    # with source spans holds them.
+    "ir.SourceName": None,
+    "ir.Span": {"source_name", "line", "column", "end_line", "end_column"},
     **{f"prim.{op}": {"span", "ty", "a", "b"}
        for op in ("Add", "Sub", "Mul", "Div", "Mod", "FloorDiv", "FloorMod", "Min", "Max")},
 }
@@ -268,12 +272,18 @@ def _check_index_map_node(node, count: int) -> None:
         ok = _is_int(data)
     elif kind == "ffi.String":
         ok = isinstance(data, str) and _NAME.fullmatch(data) is not None
+    elif kind == "ir.SourceName":
+        ok = isinstance(data, str) and len(data) <= 256 and data.isprintable()
+    elif kind == "ir.Span":
+        ok = isinstance(data, dict) and set(data) == fields and all(
+            _is_int(value) and (name != "source_name" or 0 <= value < count)
+            for name, value in data.items())
     elif kind == "ffi.Array":
         ok = _is_int_list(data) and all(0 <= ref < count for ref in data)
     else:
         ok = isinstance(data, dict) and set(data) <= fields and all(
             (name == "dtype" and isinstance(value, str) and _INDEX_DTYPE.fullmatch(value))
-            or (name == "span" and value == 0)
+            or (name == "span" and _is_int(value) and 0 <= value < count)
             or (name not in ("dtype", "span") and _is_int(value) and 0 <= value < count)
             for name, value in data.items())
     if not ok:
