@@ -5,6 +5,12 @@ from korch_tvm.errors import KorchError
 from korch_tvm.target import host_core_count, host_cpu_name, parse_target, target_tag
 
 
+@pytest.fixture(autouse=True)
+def no_cpu_tag_override(monkeypatch):
+    """These tests read real tags; CI runs the suite as an unshipped CPU (KORCH_TVM_CPU_TAG)."""
+    monkeypatch.delenv("KORCH_TVM_CPU_TAG", raising=False)
+
+
 def test_llvm_means_this_cpu():
     target = parse_target("llvm")
     assert target.kind.name == "llvm"
@@ -48,11 +54,16 @@ def test_cpu_and_gpu_names_that_cannot_be_a_directory_are_refused_up_front(spec,
     assert "not a recognized processor" not in capfd.readouterr().err  # LLVM never asked
 
 
-def test_the_cpu_tag_override_names_the_log_only(monkeypatch):
-    target = parse_target({"kind": "llvm", "mcpu": "znver4", "num-cores": 2})
+def test_the_cpu_tag_override_names_the_host_log_only(monkeypatch):
+    from korch_tvm.target import host_cpu_name
+
+    target = parse_target({"kind": "llvm", "num-cores": 2})  # this machine's CPU, detected
+    named = parse_target({"kind": "llvm", "mcpu": "haswell" if host_cpu_name() != "haswell"
+                          else "znver4", "num-cores": 2})
     monkeypatch.setenv("KORCH_TVM_CPU_TAG", "ci-unshipped")
     assert target_tag(target) == "llvm-ci-unshipped-2c"
-    assert str(target.attrs["mcpu"]) == "znver4"  # code is still generated for znver4
+    assert str(target.attrs["mcpu"]) == host_cpu_name()  # code is still generated for it
+    assert target_tag(named) == f"llvm-{named.attrs['mcpu']}-2c"  # a CPU named on purpose
     assert target_tag(parse_target("cuda")) == "cuda-sm_90"  # GPU tags are untouched
     for bad in ("../up", "a/b", "x..y", "sp ace"):
         monkeypatch.setenv("KORCH_TVM_CPU_TAG", bad)

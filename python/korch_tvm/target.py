@@ -6,8 +6,9 @@ thread pool uses half the cores unless told otherwise, so both are detected and 
 The tag becomes a directory name under the user's `--tuning-logs`, so it is a safe token
 (`[A-Za-z0-9._-]+`, no `..`): an `mcpu` must be one of LLVM's CPU names for the target's triple
 and a CUDA `arch` must read `sm_<digits>`, both checked before TVM or LLVM sees them (LLVM would
-only complain on stderr, at code generation). `KORCH_TVM_CPU_TAG` replaces the CPU part of an
-llvm tag (never the `mcpu` code is generated for), so that CI can act as a CPU without logs.
+only complain on stderr, at code generation). `KORCH_TVM_CPU_TAG` replaces the CPU part of the
+host CPU's llvm tag (never the `mcpu` code is generated for, and not the tag of a CPU named on
+purpose), so that CI can act as a CPU without logs.
 """
 
 from __future__ import annotations
@@ -140,9 +141,11 @@ def target_tag(target: Target) -> str:
     """
     kind = target.kind.name
     if kind == "llvm":
-        cpu = os.environ.get(CPU_TAG_VARIABLE) or str(target.attrs.get("mcpu", "generic")) \
-            or "generic"
-        _check_token(cpu, CPU_TAG_VARIABLE if os.environ.get(CPU_TAG_VARIABLE) else "mcpu")
+        cpu = str(target.attrs.get("mcpu", "generic")) or "generic"
+        override = os.environ.get(CPU_TAG_VARIABLE)
+        if override and cpu == host_cpu_name():  # this machine, not a CPU named on purpose
+            cpu = override
+        _check_token(cpu, CPU_TAG_VARIABLE if override else "mcpu")
         cores = int(target.attrs.get("num-cores", 1))
         tag = f"llvm-{cpu}-{cores}c"
     elif kind == "cuda":
