@@ -9,7 +9,7 @@ from tvm.relax.frontend.onnx import from_onnx
 import korch_tvm
 
 mod = from_onnx(onnx.load("models/bert_layer.onnx"), shape_dict={"hidden_states": [1, 64, 256]})
-config = korch_tvm.KorchConfig(target="llvm", tuning_logs="tuning_logs", trials=0)
+config = korch_tvm.KorchConfig(target="llvm", tuning_logs=korch_tvm.user_log_root(), trials=0)
 target = korch_tvm.parse_target(config.target)  # this CPU: mcpu and core count filled in
 pipeline = tvm.transform.Sequential([
     relax.transform.DecomposeOpsForInference(),

@@ -73,13 +73,14 @@ def test_readme_pipeline_example_runs_as_written(tmp_path):
     example = (REPO / "examples" / "korch_pass_pipeline.py").read_text()
     readme = (REPO / "README.md").read_text()
     assert example.split('"""', 2)[2].strip() in readme    # the README shows exactly this code
-    shutil.copytree(SHIPPED_LOGS, tmp_path / "tuning_logs")
     (tmp_path / "models").mkdir()
     shutil.copy(MODELS / "bert_layer.onnx", tmp_path / "models")
     result = subprocess.run([sys.executable, str(REPO / "examples" / "korch_pass_pipeline.py")],
                             cwd=tmp_path, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip().splitlines()[-1] == "(1, 64, 256)"
+    assert sorted(os.listdir(tmp_path)) == ["models"]  # its records went to the user cache
+    assert (pathlib.Path(os.environ["KORCH_TVM_CACHE_DIR"]) / "tuning_logs").is_dir()
 
 
 def test_cli_compile_writes_library_and_report(tmp_path, shipped_logs):

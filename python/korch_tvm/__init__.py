@@ -7,6 +7,7 @@ Public API:
 * `KorchConfig`: every knob of a compile
 * `PrimitiveLowering()`: the operator-fission pass on its own
 * `parse_target(spec)`: `llvm` (this CPU), `cuda`, or a JSON target dict -> `tvm.target.Target`
+* `user_log_root()`: where the CLI keeps tuning logs (the user's cache), for `tuning_logs=`
 """
 
 from .errors import KorchError
@@ -19,6 +20,7 @@ _LAZY = {
     "KorchConfig": ("config", "KorchConfig"),
     "PrimitiveLowering": ("fission", "PrimitiveLowering"),
     "parse_target": ("target", "parse_target"),
+    "user_log_root": ("log_seeds", "user_log_root"),
 }
 
 __all__ = ["KorchError", *_LAZY]
