@@ -19,14 +19,14 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
 def candidate_stats(path: pathlib.Path, config) -> dict:
-    from korch_tvm.candidates import enumerate_candidates
-    from korch_tvm.fission import lower_to_primitives
-    from korch_tvm.frontend import import_onnx, load_onnx
-    from korch_tvm.gpu_rules import rules_for_target
-    from korch_tvm.kernels import distinct_kernels
-    from korch_tvm.partition import partition_graph
-    from korch_tvm.primitive_graph import PrimitiveGraph
-    from korch_tvm.target import parse_target
+    from korch_tvm.backend.target import parse_target
+    from korch_tvm.candidates.enumerate import enumerate_candidates
+    from korch_tvm.candidates.gpu_rules import rules_for_target
+    from korch_tvm.candidates.partition import partition_graph
+    from korch_tvm.frontend.onnx_import import import_onnx, load_onnx
+    from korch_tvm.graph.primitive_graph import PrimitiveGraph
+    from korch_tvm.kernels.fused import distinct_kernels
+    from korch_tvm.lowering.fission import lower_to_primitives
 
     graph = PrimitiveGraph.from_module(lower_to_primitives(import_onnx(load_onnx(path))))
     rules = rules_for_target(parse_target(config.target), config.max_kernel_size)

@@ -52,8 +52,8 @@ def main(argv=None) -> int:
     import numpy as np
     import tvm
 
-    from korch_tvm.cpu_schedule import WIDE_TILE_ROWS, default_schedule
-    from korch_tvm.target import parse_target
+    from korch_tvm.backend.cpu_schedule import WIDE_TILE_ROWS, default_schedule
+    from korch_tvm.backend.target import parse_target
 
     target = parse_target({"kind": "llvm", "num-cores": args.threads})
     forms = {"rule": {}, "16 rows": {"tile_rows": WIDE_TILE_ROWS},

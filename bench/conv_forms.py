@@ -44,7 +44,7 @@ def kernel(form, ci, co, size):
     import tvm
     from tvm import te, topi
 
-    from korch_tvm.fast_math import fast_sigmoid
+    from korch_tvm.lowering.fast_math import fast_sigmoid
 
     inputs, pre = form(ci, co, size)
     out = topi.multiply(pre, fast_sigmoid(pre))
@@ -62,9 +62,9 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     os.environ.setdefault("TVM_NUM_THREADS", str(len(os.sched_getaffinity(0))))
 
-    from korch_tvm.profiler import measure_kernels, tune_kernels
-    from korch_tvm.target import parse_target
-    from korch_tvm.tuning_log import TuningLog
+    from korch_tvm.backend.target import parse_target
+    from korch_tvm.costing.measure import measure_kernels, tune_kernels
+    from korch_tvm.costing.tuning_log import TuningLog
 
     target = parse_target("llvm")
     flops = 2 * args.ci * args.co * args.size * args.size

@@ -79,8 +79,8 @@ def main(argv=None) -> int:
 
     import tvm
 
-    from korch_tvm import cuda_build
-    from korch_tvm.target import configure_threads, parse_target, target_tag
+    from korch_tvm.backend import cuda as cuda_build
+    from korch_tvm.backend.target import configure_threads, parse_target, target_tag
 
     configure_threads()
     target = parse_target(args.target)
@@ -146,7 +146,7 @@ def environment(target) -> dict:
     """Who ran this where: date, GPU (nvidia-smi), driver, CUDA compiler, versions."""
     import tvm
 
-    from korch_tvm import cuda_build
+    from korch_tvm.backend import cuda as cuda_build
 
     env = {"date_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
            "host": platform.node(), "cpu": platform.processor() or platform.machine(),
@@ -178,7 +178,7 @@ def environment(target) -> dict:
 
 
 def load(path: str) -> dict:
-    from korch_tvm.frontend import import_onnx, input_dtypes, input_shapes, load_onnx
+    from korch_tvm.frontend.onnx_import import import_onnx, input_dtypes, input_shapes, load_onnx
 
     proto = load_onnx(path)
     return {"onnx": proto, "relax": import_onnx(proto, None), "shapes": input_shapes(proto, None),
@@ -187,18 +187,18 @@ def load(path: str) -> dict:
 
 def compile_one(source, target, korch: bool, args, time_budget: float):
     """Plan (stock or Korch) with the shared log and budget, then build for CUDA."""
-    from korch_tvm import cuda_build
+    from korch_tvm.backend import cuda as cuda_build
     from korch_tvm.config import KorchConfig
 
     config = KorchConfig(target=target, tuning_logs=args.logs, trials=args.trials,
                          time_budget=time_budget, progress=False)
     began = time.perf_counter()
     if korch:
-        from korch_tvm.passes import run_korch
+        from korch_tvm.pipeline.korch import run_korch
 
         optimized, report = run_korch(source["relax"], config)
     else:
-        from korch_tvm.stock import run_stock
+        from korch_tvm.pipeline.stock import run_stock
 
         optimized, report = run_stock(source["relax"], config)
     planned = time.perf_counter()
@@ -225,7 +225,8 @@ def check_and_time(source, target, built: dict, entry: dict, repeat: int) -> Non
     import tvm
     from tvm import relax
 
-    from korch_tvm.verify import compare, onnxruntime_outputs, random_inputs, run_executable
+    from korch_tvm.backend.verify import (compare, onnxruntime_outputs, random_inputs,
+                                          run_executable)
 
     inputs = random_inputs(source["shapes"], source["dtypes"], 0)
     expected = onnxruntime_outputs(source["onnx"], inputs)

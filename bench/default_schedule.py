@@ -3,10 +3,10 @@
     .venv/bin/python bench/default_schedule.py [--threads 2] [--out bench/results/default_schedule.txt]
 
 Each kernel (matmuls and convolutions of the shapes that dominate the suite models) is built
-from TOPI, scheduled by `korch_tvm.cpu_schedule.default_schedule` with `register_tiles` off,
-on, and in the two variants the profiler also measures (`default_schedules`: up to
-`WIDE_TILE_ROWS` tile rows; the vector's outer loop outermost), checked equal, and timed with
-a warm cache (best of 3 x 3 calls). The figures quoted in cpu_schedule.py come from this
+from TOPI, scheduled by `korch_tvm.backend.cpu_schedule.default_schedule` with `register_tiles`
+off, on, and in the two variants the profiler also measures (`default_schedules`: up to
+`WIDE_TILE_ROWS` tile rows; the vector's outer loop outermost), checked equal, and timed with a
+warm cache (best of 3 x 3 calls). The figures quoted in backend/cpu_schedule.py come from this
 script.
 """
 
@@ -100,8 +100,9 @@ def main(argv=None) -> int:
 
     import numpy as np
 
-    from korch_tvm.cpu_schedule import MAX_TILE_ROWS, TILE_ROWS, WIDE_TILE_ROWS, default_schedule
-    from korch_tvm.target import parse_target
+    from korch_tvm.backend.cpu_schedule import (MAX_TILE_ROWS, TILE_ROWS, WIDE_TILE_ROWS,
+                                                default_schedule)
+    from korch_tvm.backend.target import parse_target
 
     target = parse_target({"kind": "llvm", "num-cores": args.threads})
     lines = [f"{'kernel':46s} {'untiled ms':>11s} {'tiled ms':>9s} {'speed-up':>8s} "

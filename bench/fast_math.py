@@ -2,11 +2,11 @@
 
     .venv/bin/python bench/fast_math.py [--shape 1x64x104x104] [--threads 2]
 
-Each function is legalized both ways (korch_tvm.fast_math.legalize_ops), given the same simple
-schedule (all loops fused, outer part parallel, inner 16 lanes vectorised) and timed on the same
-tensor; a plain multiply of that tensor is the memory-bound floor. Prints ms, the ratio and the
-largest relative error of each against float64 references. The figures quoted in fast_math.py
-come from this script.
+Each function is legalized both ways (korch_tvm.lowering.fast_math.legalize_ops), given the same
+simple schedule (all loops fused, outer part parallel, inner 16 lanes vectorised) and timed on the
+same tensor; a plain multiply of that tensor is the memory-bound floor. Prints ms, the ratio and
+the largest relative error of each against float64 references. The figures quoted in
+lowering/fast_math.py come from this script.
 """
 
 from __future__ import annotations
@@ -66,7 +66,7 @@ def time_function(op_name, fast, shape, target, data):
     import tvm
     from tvm import relax
 
-    from korch_tvm.fast_math import legalize_ops
+    from korch_tvm.lowering.fast_math import legalize_ops
 
     mod = vectorised(legalize_ops(fast)(one_op(op_name, shape)), target)
     vm = relax.VirtualMachine(tvm.compile(mod, target=target), tvm.cpu())
@@ -83,7 +83,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     os.environ["TVM_NUM_THREADS"] = str(args.threads)
 
-    from korch_tvm.target import parse_target
+    from korch_tvm.backend.target import parse_target
 
     target = parse_target("llvm")
     shape = tuple(int(d) for d in args.shape.split("x"))

@@ -144,7 +144,7 @@ def main(argv=None) -> int:
     parser.add_argument("--out", default="bench/results/machine.json")
     parser.add_argument("--threads", type=int, default=None)
     args = parser.parse_args(argv)
-    from korch_tvm.bench import machine_info
+    from korch_tvm.tools.bench import machine_info
 
     cores = args.threads or len(os.sched_getaffinity(0))
     started = time.perf_counter()

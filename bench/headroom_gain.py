@@ -4,10 +4,10 @@
         [--out bench/results/headroom-allocation/gain.txt]
 
 For each tuning-log root (a `--tuning-logs` directory after a tuned compile or suite run): the
-empirical roofline of `korch_tvm.headroom` over every default-schedule record of the log, each
-tuned kernel's headroom under it (a kernel counts as tuned with at least `--min-records`
-records), and what tuning gained (its default time over its best). Kernels are grouped by
-headroom; the trial allocation bets that the low bands gain little and the high bands much.
+empirical roofline of `korch_tvm.costing.headroom` over every default-schedule record of the log,
+each tuned kernel's headroom under it (a kernel counts as tuned with at least `--min-records`
+records), and what tuning gained (its default time over its best). Kernels are grouped by headroom;
+the trial allocation bets that the low bands gain little and the high bands much.
 """
 
 from __future__ import annotations
@@ -21,9 +21,9 @@ BANDS = ((0.0, 0.25), (0.25, 0.5), (0.5, 0.75), (0.75, 1.01))
 
 def gains_by_headroom(log_root: str, min_records: int) -> tuple[object, list[tuple[float, float]]]:
     """(roofline, [(headroom, default / best)] of each tuned kernel) of one log root."""
-    from korch_tvm.cost_model import kernel_shape
-    from korch_tvm.headroom import empirical_roofline, headroom
-    from korch_tvm.tuning_log import TuningLog
+    from korch_tvm.costing.cost_model import kernel_shape
+    from korch_tvm.costing.headroom import empirical_roofline, headroom
+    from korch_tvm.costing.tuning_log import TuningLog
 
     log = TuningLog(log_root, "llvm")
     logged = log.kernels()

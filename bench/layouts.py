@@ -5,7 +5,7 @@
 Each case is a Relax conv2d + bias + SiLU, built the way both compile paths build kernels
 (data_layout.convert_layout for NHWC, then stock_fusion: fast-math legalization, FuseOps,
 FuseTIR, weights marked layout free) and tuned by the project's profiler into a fresh
-throw-away log, once per seed. This is the evidence behind --layout (data_layout.py).
+throw-away log, once per seed. This is the evidence behind --layout (layout/activations.py).
 """
 
 from __future__ import annotations
@@ -46,9 +46,9 @@ def conv_block(ci, co, groups, k, stride, size):
 
 def conv_kernel(mod, target):
     """The fused kernel holding the convolution, as the tuning log keys it."""
-    from korch_tvm.kernel_kinds import module_kernel_kinds
-    from korch_tvm.kernels import kernel_module
-    from korch_tvm.stock import stock_fusion
+    from korch_tvm.kernels.fused import kernel_module
+    from korch_tvm.kernels.kinds import module_kernel_kinds
+    from korch_tvm.pipeline.stock import stock_fusion
 
     fused = stock_fusion(mod, target)
     (name,) = [n for n, kind in module_kernel_kinds(fused).items() if kind != "memory"]
@@ -62,10 +62,10 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     os.environ.setdefault("TVM_NUM_THREADS", str(len(os.sched_getaffinity(0))))
 
-    from korch_tvm.data_layout import convert_layout
-    from korch_tvm.profiler import tune_kernels
-    from korch_tvm.target import parse_target
-    from korch_tvm.tuning_log import TuningLog
+    from korch_tvm.backend.target import parse_target
+    from korch_tvm.costing.measure import tune_kernels
+    from korch_tvm.costing.tuning_log import TuningLog
+    from korch_tvm.layout.activations import convert_layout
 
     target = parse_target("llvm")
     print(f"conv2d + bias + SiLU, {args.trials} trials per kernel and seed, target {target}")

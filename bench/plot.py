@@ -4,7 +4,7 @@
 
 Needs matplotlib (the project's optional `plot` extra, which `make install` installs). Three
 panels: each engine's latency per model with its p10-p90 range (the same drawing `korch-tvm
-bench` writes for one model, korch_tvm.bench_plot); Korch's speed-up over stock TVM and over
+bench` writes for one model, korch_tvm.report.bench_plot); Korch's speed-up over stock TVM and over
 ONNX Runtime per model (log scale, 1.0 marked), with the p10-p90 range of the per-round paired
 ratio as error bars and the orchestration ceiling (what removing all of stock's memory-bound
 time would give) as a red mark; and latency over the physical floor per runtime.
@@ -19,7 +19,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
-from korch_tvm.bench_plot import draw_latency_panel, plot_title, suite_latencies  # noqa: E402
+from korch_tvm.report.bench_plot import draw_latency_panel, plot_title, suite_latencies  # noqa: E402
 
 DISPLAY = {"bert_layer": "BERT layer", "yolox_nano": "YOLOX-nano",
            "efficientvit_b0": "EfficientViT-b0", "candy": "Candy", "segformer_b0": "SegFormer-b0",

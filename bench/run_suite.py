@@ -41,7 +41,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, os.path.join(ROOT, "python"))
 
-from korch_tvm import bench  # noqa: E402  (TVM is imported only inside its functions)
+from korch_tvm.tools import bench  # noqa: E402  (TVM is imported only inside its functions)
 
 # name, file, trials per compile (stock and Korch each), time budget of the costing stage (s)
 SUITE = [
@@ -248,7 +248,7 @@ def code_version() -> dict:
 
 
 def model_row(name: str, result: dict) -> dict:
-    from korch_tvm.kind_profile import orchestration_ceiling  # imports TVM
+    from korch_tvm.tools.kind_profile import orchestration_ceiling  # imports TVM
 
     lat = result["latency_ms"]
     ratios = result["ratios"]
@@ -366,10 +366,10 @@ def markdown(summary: dict) -> str:
                f"**{_fmt(summary['geomean_korch_vs_ort'], 2, '×')}**. Ratios are speed-ups "
                "(> 1: Korch faster); in brackets the p10–p90 of the per-round paired ratio; "
                "'≈' marks a difference inside that spread. ± is (p90 − p10) / 2 of the "
-               "samples. Math: how exp/sigmoid/tanh/erf were legalized (fast_math.py; 'exact' "
+               "samples. Math: how exp/sigmoid/tanh/erf were legalized (lowering/fast_math.py; 'exact' "
                "rows ran before fast math existed, and a model without those functions builds "
                "the same kernels either way). Layout: the activation layout each path chose "
-               "(data_layout.py; rows from before the choice existed are NCHW).\n")
+               "(layout/activations.py; rows from before the choice existed are NCHW).\n")
     ceilings = [r for r in rows if r.get("orchestration_ceiling")]
     if ceilings:
         out.append("Orchestration ceiling (stock's in-model total over its time in convolutions "
@@ -500,11 +500,11 @@ def replay(model: str, full_logs: str, fresh_logs: str, target: str) -> dict:
     Both plans are then costed from the very same numbers, so their ratio is plan quality
     alone (two separate runs would also differ by the machine's timing noise).
     """
-    from korch_tvm.compile import _load_source
     from korch_tvm.config import KorchConfig
-    from korch_tvm.passes import plan_korch
-    from korch_tvm.profiler import KernelCost
-    from korch_tvm.tuning_log import TuningLog
+    from korch_tvm.costing.measure import KernelCost
+    from korch_tvm.costing.tuning_log import TuningLog
+    from korch_tvm.pipeline.compile import _load_source
+    from korch_tvm.pipeline.korch import plan_korch
 
     full_log = TuningLog(full_logs, target)
     asked = []

@@ -2,6 +2,7 @@
 
 import os
 import pathlib
+import sys
 
 os.environ.setdefault("TVM_NUM_THREADS", str(len(os.sched_getaffinity(0))))
 
@@ -10,13 +11,20 @@ import onnx  # noqa: E402
 import pytest  # noqa: E402
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 
+# Tests mirror the package's stages (tests/<stage>/test_*.py) and share builders by module name
+# (`from test_weight_packing import conv_block_onnx`), which pytest's default import mode allows
+# within the folders it puts on sys.path: put every stage folder there before any is collected.
+for _folder in sorted(pathlib.Path(__file__).resolve().parent.iterdir()):
+    if _folder.is_dir() and any(_folder.glob("test_*.py")) and str(_folder) not in sys.path:
+        sys.path.insert(0, str(_folder))
+
 REPO = pathlib.Path(__file__).resolve().parents[1]
 MODELS = REPO / "models"
 
 
 def host_has_shipped_logs() -> bool:
     """Whether tuning_logs/ holds this CPU's records (else a compile would measure everything)."""
-    from korch_tvm.target import parse_target, target_tag
+    from korch_tvm.backend.target import parse_target, target_tag
 
     return (REPO / "tuning_logs" / target_tag(parse_target("llvm"))).is_dir()
 

@@ -9,9 +9,9 @@ import textwrap
 
 import pytest
 
-from korch_tvm import cli
 from korch_tvm.config import KorchConfig
 from korch_tvm.errors import KorchError
+from korch_tvm.tools import cli
 
 TESTS = pathlib.Path(__file__).resolve().parent
 
@@ -72,7 +72,7 @@ _TUNED_COMPILE = textwrap.dedent("""
     import json, os, sys, tempfile
     sys.path.insert(0, {tests!r})
     from conftest import make_tiny_onnx
-    from korch_tvm.compile import compile_model
+    from korch_tvm.pipeline.compile import compile_model
     from korch_tvm.config import KorchConfig
     before = sorted(os.listdir(tempfile.gettempdir()))
     _, report = compile_model(make_tiny_onnx(4, 8), korch=False,

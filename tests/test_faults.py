@@ -12,8 +12,9 @@ import pytest
 from onnx import TensorProto, helper
 
 from conftest import make_tiny_onnx
-from korch_tvm import cli, safe_io
 from korch_tvm.errors import EnvironmentFault, KorchError
+from korch_tvm.support import safe_io
+from korch_tvm.tools import cli
 
 UNWRITABLE = "/sys"  # refuses new files even to root (sysfs)
 
@@ -27,7 +28,7 @@ def run_main(capsys, *args):
 
 def _no_compile(monkeypatch):
     """Make a compile fail loudly, to prove an error came before it."""
-    import korch_tvm.compile as compile_module
+    import korch_tvm.pipeline.compile as compile_module
 
     def compile_model(*args, **kwargs):
         raise AssertionError("the compile started")
@@ -96,7 +97,7 @@ def test_a_full_disk_leaves_the_old_file_whole_and_no_partial_one(tmp_path, monk
 
 def test_report_on_a_full_disk_is_exit_1_after_the_compile(tmp_path, monkeypatch, capsys,
                                                            tiny_onnx_path):
-    import korch_tvm.compile as compile_module
+    import korch_tvm.pipeline.compile as compile_module
 
     monkeypatch.setattr(compile_module, "compile_model",
                         lambda *args, **kwargs: (None, {"model": "tiny.onnx"}))
@@ -111,7 +112,7 @@ def test_report_on_a_full_disk_is_exit_1_after_the_compile(tmp_path, monkeypatch
 # ----------------------------------------------------------------------------- input limits
 def test_a_shape_that_cannot_fit_in_memory_is_refused_before_anything_is_built(
         capsys, tiny_onnx_path):
-    from korch_tvm.frontend import available_memory_bytes
+    from korch_tvm.frontend.onnx_import import available_memory_bytes
 
     if (available_memory_bytes() or 0) > 240 * 2**30:
         pytest.skip("this machine could hold those activations")
@@ -125,7 +126,7 @@ def test_a_shape_that_cannot_fit_in_memory_is_refused_before_anything_is_built(
 
 
 def test_activation_estimate_counts_inputs_and_the_largest_declared_tensor():
-    from korch_tvm.frontend import check_activations_fit
+    from korch_tvm.frontend.onnx_import import check_activations_fit
 
     model = make_tiny_onnx(16, 32)  # float32 input 16x32 (2 KiB) and output 16x32
     check_activations_fit(model, {"x": [16, 32]}, available=3 * 2048)
@@ -152,7 +153,7 @@ def test_an_opset_newer_than_supported_is_refused_at_load(tmp_path, capsys):
 
 
 def test_the_verifier_opset_check_names_what_onnx_runtime_runs():
-    from korch_tvm.verify import import_onnxruntime, onnxruntime_opset_problem
+    from korch_tvm.backend.verify import import_onnxruntime, onnxruntime_opset_problem
 
     if import_onnxruntime() is None:
         pytest.skip("onnxruntime is not installed")
@@ -163,7 +164,7 @@ def test_the_verifier_opset_check_names_what_onnx_runtime_runs():
 
 
 def test_a_model_without_operators_compiles_on_the_korch_path():
-    from korch_tvm.compile import compile_model
+    from korch_tvm.pipeline.compile import compile_model
 
     graph = helper.make_graph([], "passthrough",
                               [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
@@ -177,7 +178,7 @@ def test_a_model_without_operators_compiles_on_the_korch_path():
 
 # ----------------------------------------------------------------------------- CLI extras
 def test_version_names_korch_tvm_tvm_and_tvm_ffi():
-    result = subprocess.run([sys.executable, "-m", "korch_tvm.cli", "--version"],
+    result = subprocess.run([sys.executable, "-m", "korch_tvm.tools.cli", "--version"],
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     import tvm_ffi
@@ -200,7 +201,7 @@ def test_measure_warns_on_a_noisy_machine_and_not_on_a_quiet_one(capsys):
 # ----------------------------------------------------------------------------- Ctrl-C
 _CTRL_C_PROBE = """
 import os, signal, subprocess, sys, threading, time
-from korch_tvm import interrupts
+from korch_tvm.support import interrupts
 interrupts.install()  # as cli.main does, before TVM starts any thread
 import tvm
 probe = "import signal; print(signal.SIGINT in signal.pthread_sigmask(signal.SIG_BLOCK, []))"

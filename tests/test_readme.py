@@ -12,7 +12,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from korch_tvm import compile_model
-from korch_tvm.cli import build_parser
+from korch_tvm.tools.cli import build_parser
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 

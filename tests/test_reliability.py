@@ -20,16 +20,16 @@ from onnx import TensorProto, helper
 from tvm import relax
 
 from conftest import MODELS, make_tiny_onnx
-from korch_tvm import cli
 from korch_tvm.config import KorchConfig
 from korch_tvm.errors import KorchError
+from korch_tvm.tools import cli
 
 PACKAGE = pathlib.Path(__file__).resolve().parents[1] / "python" / "korch_tvm"
 RECORDS = "database_tuning_record.json"
 
 
 def run_cli(*args, timeout=300):
-    return subprocess.run([sys.executable, "-m", "korch_tvm.cli", *map(str, args)],
+    return subprocess.run([sys.executable, "-m", "korch_tvm.tools.cli", *map(str, args)],
                           capture_output=True, text=True, timeout=timeout,
                           env={**os.environ, "TVM_NUM_THREADS": "1"})
 
@@ -90,8 +90,8 @@ def _double(x, out):
 
 
 def test_op_korch_cannot_fuse_stays_as_in_the_stock_path():
-    from korch_tvm.compile import compile_model
-    from korch_tvm.report import summary_lines
+    from korch_tvm.pipeline.compile import compile_model
+    from korch_tvm.report.text import summary_lines
 
     bb = relax.BlockBuilder()
     x = relax.Var("x", relax.TensorType((8, 16), "float32"))
@@ -129,7 +129,7 @@ def shared_log(tmp_path_factory):
     model = tmp_path_factory.mktemp("model") / "tiny.onnx"
     onnx.save(make_tiny_onnx(), str(model))
     env = {**os.environ, "TVM_NUM_THREADS": "1"}
-    command = [sys.executable, "-m", "korch_tvm.cli", "explain", str(model), "--tuning-logs",
+    command = [sys.executable, "-m", "korch_tvm.tools.cli", "explain", str(model), "--tuning-logs",
                str(root), "--format", "json"]
     writers = [subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 text=True, env=env) for _ in range(2)]
@@ -194,7 +194,7 @@ def test_ctrl_c_while_tuning_keeps_records_and_the_rerun_resumes(shared_log, tmp
     logs = tmp_path / "logs"
     shutil.copytree(root, logs)  # every kernel measured already: tuning starts at once
     measured = len(record_lines(logs))
-    command = [sys.executable, "-m", "korch_tvm.cli", "compile", str(model), "--korch",
+    command = [sys.executable, "-m", "korch_tvm.tools.cli", "compile", str(model), "--korch",
                "--tuning-logs", str(logs), "--trials", "8", "--no-verify"]
     # a shell may start pytest with SIGINT ignored, and children inherit that: restore it
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -226,15 +226,15 @@ def test_ctrl_c_while_tuning_keeps_records_and_the_rerun_resumes(shared_log, tmp
 
 # ----------------------------------------------------------------------------- costing
 def _tiny_module():
-    from korch_tvm.frontend import import_onnx
+    from korch_tvm.frontend.onnx_import import import_onnx
 
     return import_onnx(make_tiny_onnx())
 
 
 def test_kernel_that_fails_costs_infinity_and_a_plan_is_still_found():
-    from korch_tvm import passes
-    from korch_tvm.cost_model import analytic_estimate
-    from korch_tvm.profiler import KernelCost
+    from korch_tvm.costing.cost_model import analytic_estimate
+    from korch_tvm.costing.measure import KernelCost
+    from korch_tvm.pipeline import korch as passes
 
     module = _tiny_module()
     first = passes.plan_korch(module, KorchConfig(), predict_only=True)
@@ -261,11 +261,11 @@ def test_runner_time_out_costs_its_time_out_not_a_crash(tmp_path, caplog):
     a plan that has nothing else covering its primitives stays feasible."""
     from tvm.s_tir import meta_schedule as ms
 
-    from korch_tvm.cpu_schedule import default_schedules
-    from korch_tvm.metaschedule_setup import evaluator_config
-    from korch_tvm.profiler import measure_kernels
-    from korch_tvm.target import parse_target
-    from korch_tvm.tuning_log import TuningLog
+    from korch_tvm.backend.cpu_schedule import default_schedules
+    from korch_tvm.backend.target import parse_target
+    from korch_tvm.costing.measure import measure_kernels
+    from korch_tvm.costing.metaschedule_setup import evaluator_config
+    from korch_tvm.costing.tuning_log import TuningLog
 
     target = parse_target("llvm")
     bb = relax.BlockBuilder()
@@ -294,10 +294,10 @@ def test_runner_time_out_costs_its_time_out_not_a_crash(tmp_path, caplog):
 
 # ----------------------------------------------------------------------------- solver
 def test_solver_time_limit_reports_status_and_keeps_a_valid_plan():
-    from korch_tvm.explain import describe_plan
-    from korch_tvm.frontend import import_onnx, load_onnx
-    from korch_tvm.passes import plan_korch
-    from korch_tvm.report import explain_lines
+    from korch_tvm.frontend.onnx_import import import_onnx, load_onnx
+    from korch_tvm.pipeline.korch import plan_korch
+    from korch_tvm.report.text import explain_lines
+    from korch_tvm.tools.explain import describe_plan
 
     module = import_onnx(load_onnx(str(MODELS / "bert_layer.onnx")))
     plan = plan_korch(module, KorchConfig(solver_time_limit=1e-4), predict_only=True)
@@ -314,7 +314,7 @@ def test_solver_time_limit_reports_status_and_keeps_a_valid_plan():
 @pytest.fixture
 def wrong_kernel(monkeypatch):
     """Make the rewrite scale the outputs of the chosen kernel holding primitive `exp`."""
-    from korch_tvm import passes
+    from korch_tvm.pipeline import korch as passes
 
     original = passes.rewrite_with_plan
     state = {}
@@ -355,7 +355,7 @@ def _scale_kernel_outputs(module, name):
 
 
 def _chosen_multi_primitive_kernel():
-    from korch_tvm.passes import plan_korch
+    from korch_tvm.pipeline.korch import plan_korch
 
     plan = plan_korch(_tiny_module(), KorchConfig(time_budget=0))
     index = next(i for i, group in enumerate(plan.chosen_groups)  # one tensor out, fused
@@ -364,7 +364,7 @@ def _chosen_multi_primitive_kernel():
 
 
 def test_mismatch_names_the_first_wrong_kernel(wrong_kernel):
-    from korch_tvm.compile import compile_model
+    from korch_tvm.pipeline.compile import compile_model
 
     index, nodes = _chosen_multi_primitive_kernel()
     wrong_kernel["nodes"] = nodes
@@ -377,8 +377,8 @@ def test_mismatch_names_the_first_wrong_kernel(wrong_kernel):
 
 
 def test_fallback_on_mismatch_uses_the_stock_plan(wrong_kernel):
-    from korch_tvm.compile import compile_model
-    from korch_tvm.report import summary_lines
+    from korch_tvm.pipeline.compile import compile_model
+    from korch_tvm.report.text import summary_lines
 
     index, nodes = _chosen_multi_primitive_kernel()
     wrong_kernel["nodes"] = nodes
@@ -395,7 +395,7 @@ def test_fallback_on_mismatch_uses_the_stock_plan(wrong_kernel):
 def test_no_user_file_is_read_with_eval_or_unpickling():
     pattern = re.compile(r"\beval\(|\bexec\(|import (cloud)?pickle|pickle\.loads?\("
                          r"|allow_pickle\s*=\s*True|yaml\.load\(|marshal\.loads?\(|import shelve")
-    offenders = [f"{path.name}:{number}" for path in sorted(PACKAGE.glob("*.py"))
+    offenders = [f"{path.name}:{number}" for path in sorted(PACKAGE.rglob("*.py"))
                  for number, line in enumerate(path.read_text().splitlines(), 1)
                  if pattern.search(line.split("#")[0])]
     assert not offenders, offenders
@@ -420,7 +420,8 @@ def test_ctrl_c_that_tvm_turned_into_a_runtime_error_still_exits_as_interrupted(
     RuntimeError; the command line must still report an interruption (exit 130), not a bug."""
     import signal
 
-    from korch_tvm import cli, interrupts
+    from korch_tvm.support import interrupts
+    from korch_tvm.tools import cli
 
     def interrupted_inside_tvm(args):
         interrupts.note()  # what the SIGINT handler does when Ctrl-C arrives

@@ -15,12 +15,12 @@ from .errors import KorchError
 # Submodules import TVM (about a second); load them on first use so that `korch-tvm --help`
 # and error paths stay fast.
 _LAZY = {
-    "compile_model": ("compile", "compile_model"),
-    "KorchPass": ("passes", "KorchPass"),
+    "compile_model": ("pipeline.compile", "compile_model"),
+    "KorchPass": ("pipeline.korch", "KorchPass"),
     "KorchConfig": ("config", "KorchConfig"),
-    "PrimitiveLowering": ("fission", "PrimitiveLowering"),
-    "parse_target": ("target", "parse_target"),
-    "user_log_root": ("log_seeds", "user_log_root"),
+    "PrimitiveLowering": ("lowering.fission", "PrimitiveLowering"),
+    "parse_target": ("backend.target", "parse_target"),
+    "user_log_root": ("costing.log_seeds", "user_log_root"),
 }
 
 __all__ = ["KorchError", *_LAZY]

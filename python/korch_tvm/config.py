@@ -8,7 +8,8 @@ from dataclasses import dataclass, replace
 
 from .errors import KorchError
 
-# Activation layouts a compile can use (data_layout.py); "auto" plans each and keeps the faster.
+# Activation layouts a compile can use (layout/activations.py); "auto" plans each and keeps the
+# faster.
 LAYOUT_CHOICES = ("auto", "NCHW", "NHWC")
 MEMORY_LIMITS = ("stock", "none")
 
@@ -31,22 +32,25 @@ class KorchConfig:
     # think per task.
     trials_per_kernel: int | None = None
     time_budget: float | None = None
-    # Candidates per primitive grow from 7.0 (6) to 10.1 (8) on SegFormer-b0 (candidates.py), and
-    # every candidate is a kernel to measure; TVM's larger fusion groups are candidates anyway.
+    # Candidates per primitive grow from 7.0 (6) to 10.1 (8) on SegFormer-b0
+    # (candidates/enumerate.py), and every candidate is a kernel to measure; TVM's larger fusion
+    # groups are candidates anyway.
     max_kernel_size: int = 6
     max_subproblem_nodes: int = 48
     prune_margin: float = 0.5
-    # Lazy costing (lazy_costing.py): how much cheaper than its calibrated prediction a kernel no
+    # Lazy costing (costing/lazy.py): how much cheaper than its calibrated prediction a kernel no
     # plan has chosen yet may turn out. Larger measures more; prune_margin=inf measures all.
     lazy_margin: float = 0.2
-    # Vectorisable exp/sigmoid/tanh/erf on both paths (fast_math.py); off = TVM's libm calls.
+    # Vectorisable exp/sigmoid/tanh/erf on both paths (lowering/fast_math.py); off = TVM's libm
+    # calls.
     fast_math: bool = True
-    # Activation layout (data_layout.py): "NCHW", "NHWC", or "auto" = plan both, keep the
+    # Activation layout (layout/activations.py): "NCHW", "NHWC", or "auto" = plan both, keep the
     # cheaper (a model with convolutions is then costed and tuned in both layouts).
     layout: str = "auto"
     solver_time_limit: float = 10.0
     # "stock": the plan may not need more activation storage than TVM's own fusion groups
-    # (memory_plan.py; pieces go back to their stock plan until it fits); "none": latency alone.
+    # (orchestration/memory_plan.py; pieces go back to their stock plan until it fits); "none":
+    # latency alone.
     memory_limit: str = "stock"
     num_threads: int | None = None
     rpc_tracker: str | None = None

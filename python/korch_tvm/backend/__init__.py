@@ -1,0 +1,1 @@
+"""Targets, CPU and CUDA schedules and builds, the plan -> Relax rewrite, verification."""

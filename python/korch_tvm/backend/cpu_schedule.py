@@ -1,0 +1,350 @@
+"""The schedule an untuned CPU kernel gets: outer loops parallel, innermost loop vectorized,
+reductions accumulated in registers.
+
+TIR as legalized runs on one thread, one element at a time. Trial budgets are far below the
+number of candidate kernels (SegFormer-b0 has 1250 distinct ones), so most kernels are never
+tuned and their default schedule decides both the costs the plan is chosen by and the speed of
+the model. This rule inlines every block that can be (padding, a bias add before an
+activation: each intermediate that is not a reduction) and gives every block left:
+
+* its spatial loops outside its reduction loops, and the innermost spatial loop split by the
+  largest divisor of its extent up to 16 (one AVX-512 register of float32) and moved innermost,
+  vectorized: a matmul or convolution then accumulates a vector of neighbouring outputs per
+  reduction step (the i-k-j order), an elementwise block reads and writes whole vectors;
+* for a vectorized reduction, a register tile: `TILE_ROWS` steps (a divisor of the loop; up to
+  `MAX_TILE_ROWS` where only 1-3 divide it) of a spatial loop that the
+  vector loads do not depend on are moved inside the reduction, unrolled, so each loaded vector
+  feeds that many multiply-adds into accumulators held in registers (a local buffer), which
+  are stored once per tile with the block's elementwise consumers (bias, activation) applied.
+  Against the same rule without tiles (bench/default_schedule.py): large matmuls and 1x1
+  convolutions 4-9x faster, a small 1x1 1.9-2.2x, a 13x13 1x1 (13 rows) 3.0x, an NHWC 3x3
+  3.3x, a strided 7x7 1.9x, a depthwise 1.2-1.5x; Candy's NCHW 3x3 runs 8 % slower (29 vs 32 ms);
+* its leading spatial loops fused and run in parallel, as many as give each core at least
+  `ITERATIONS_PER_CORE` iterations to balance;
+* for vectorized reductions, the initialisation split off into its own loop nest, so the
+  reduction loop carries no "first iteration" test;
+* every weight the model passes as a constant (`layout_free_buffers`) packed in the order the
+  loops read it (`_with_packed_weights`), once at compile time.
+
+The rule has two variants for large tiled kernels, a taller register tile and a loop order
+that keeps the weights in cache (`default_schedules`); the profiler measures them all and the
+log keeps the fastest. A kernel the rule cannot handle (dynamic extents, opaque blocks) keeps
+the form it was written in. The returned schedule's trace replays on the kernel, so the
+profiler records the default measurement under it and applying the log rebuilds exactly the
+kernel that was measured.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import tvm
+import tvm_ffi
+
+from ..errors import error_summary
+from ..kernels.weight_packing import LAYOUT_FREE_ATTR
+
+logger = logging.getLogger("korch_tvm.cpu_schedule")
+
+MAX_VECTOR_WIDTH = 16  # float32 lanes of AVX-512 (LLVM splits them for AVX2, SSE or NEON)
+MIN_VECTOR_WIDTH = 4
+ITERATIONS_PER_CORE = 16
+# Rows of a register tile: 8 vector accumulators of AVX-512's 32 registers. Measured on
+# znver4 (bench-size kernels, tile rows x neighbouring vectors): 8 x 1 was fastest or within
+# 10 % on matmuls and NHWC convolutions (4 x 1 and 4 x 2 took twice as long on BERT's
+# 128 x 768 x 3072 matmul, which streams its weight once per tile of rows); Candy's NCHW 3x3
+# convolution alone preferred 2 x 4 (21 vs 32 ms; untiled 34).
+TILE_ROWS = 8
+# When the rows' extent has no divisor from 4 to TILE_ROWS (13, 26: YOLOX-nano's 13x13 and
+# 26x26 maps), up to this many: 13 rows ran a 1x1 conv 256->64 at 13x13 in 0.027 ms instead of
+# 0.145 (floor 0.025), 26x26 128->64 0.055 instead of 0.113, and a 3x3 256->256 at 13x13 in 2.1
+# instead of 4.4 ms; a 3x3 at 26x26 lost 22 % (2 rows 1.74, 13 rows 2.13 ms), and where 4 or 8
+# rows divide, 13 lost up to 2.4x on 3x3 convolutions (their windowed loads need more registers).
+MAX_TILE_ROWS = 14
+# The variants the profiler also measures (`default_schedules`): a register tile of up to 16
+# rows (16 of AVX-512's 32 registers as accumulators), and the rule's tile with the vector's
+# outer loop outermost; only for kernels of at least VARIANT_MIN_FLOPS (0.1 ms at this CPU's
+# 2-core peak).
+WIDE_TILE_ROWS = 16
+VARIANT_MIN_FLOPS = 2e7
+DEFAULT_SCHEDULE_ATTR = "korch.default_schedule"  # marks a PrimFunc scheduled by this rule
+
+
+def default_schedule(kernel_mod: tvm.IRModule, target, *, register_tiles: bool = True,
+                     tile_rows: int = TILE_ROWS, vector_outer: bool = False,
+                     pack_weights: bool = True):
+    """The schedule of a standalone kernel (`{"main": PrimFunc}`), or None where the rule
+    does not apply (the kernel then runs as written). A kernel whose register tile the
+    schedule primitives refuse gets the rule without it; `register_tiles=False` asks for that
+    form directly (bench/default_schedule.py compares the forms). `tile_rows` and
+    `vector_outer` give the variants of `default_schedules`; `pack_weights=False` leaves the
+    weights in the model's layout."""
+    cores = _cores(target)
+    for tiles in (True, False) if register_tiles else (False,):
+        try:
+            schedule = _scheduled(kernel_mod, cores, tile_rows if tiles else 0, vector_outer)
+        except Exception as err:  # noqa: BLE001 - a form the rule does not cover
+            logger.debug("no CPU default schedule%s: %s", " with register tiles" if tiles else "",
+                         error_summary(str(err)))
+            continue
+        return _with_packed_weights(schedule, target) if pack_weights else schedule
+    return None
+
+
+def _distinct_append(schedules: list, schedule) -> None:
+    if not any(tvm_ffi.structural_equal(schedule.mod, s.mod) for s in schedules):
+        schedules.append(schedule)
+
+
+def default_schedules(kernel_mod: tvm.IRModule, target) -> list:
+    """The rule's schedule and its distinct variants, to be measured and the fastest kept.
+
+    No one register tile wins on every kernel (bench/results/default_schedule.txt, warm cache):
+    up to `WIDE_TILE_ROWS` rows ran BERT's 128x768x3072 matmul in 3.2 instead of 4.2 ms and
+    SegFormer's 4096x256x1024 in 10.1 instead of 13.4, but 128x3072x768 in 5.8 instead of 3.3;
+    with the vector's outer loop outermost (each core keeps a strip of the weights in its cache
+    while it sweeps the rows, instead of streaming all weights once per tile of rows), YOLOv4's
+    3x3 512->1024 conv on a 13x13 map ran in 21 instead of 64 ms, and Candy's NCHW 3x3 in 107
+    instead of 32. So the profiler measures each and the log keeps them all. The rule's form
+    is also measured with the weights as the model has them: packing sped most of YOLOX-nano's
+    convolutions up (up to 2.7x) but slowed a few down (up to 2x, bench/results/packed-weights/).
+    Kernels under `VARIANT_MIN_FLOPS` get the rule's form alone (its variants differ by
+    microseconds), and a variant that schedules the kernel exactly like another is left out.
+    Empty where the rule does not apply.
+    """
+    from ..kernels.fused import kernel_flops
+
+    plain = default_schedule(kernel_mod, target, pack_weights=False)
+    if plain is None:
+        return []
+    schedules = [_with_packed_weights(plain, target)]
+    _distinct_append(schedules, plain)
+    if kernel_flops(kernel_mod) < VARIANT_MIN_FLOPS:
+        return schedules
+    cores = _cores(target)
+    for tile_rows, vector_outer in ((WIDE_TILE_ROWS, False), (TILE_ROWS, True)):
+        try:  # no fallback to an untiled form here: that is never the faster one
+            variant = _with_packed_weights(
+                _scheduled(kernel_mod, cores, tile_rows, vector_outer), target)
+        except Exception:  # noqa: BLE001 - a form the variant does not cover
+            continue
+        _distinct_append(schedules, variant)
+    return schedules
+
+
+def _cores(target) -> int:
+    """Cores the target's parallel loops are balanced over."""
+    return max(1, int(target.attrs.get("num-cores", 1)))
+
+
+def _scheduled(kernel_mod: tvm.IRModule, cores: int, tile_rows: int, vector_outer: bool = False):
+    """The rule on every block; `tile_rows` 0: no register tiles; `vector_outer`: a tiled
+    block's loops in the order (vector's outer loop, other spatial loops)."""
+    from tvm.s_tir.dlight.analysis import normalize_prim_func
+
+    schedule = tvm.s_tir.Schedule(kernel_mod)
+    blocks = normalize_prim_func(schedule)
+    if blocks is None:
+        raise ValueError("the kernel has blocks dlight cannot normalize")
+    _inline_injective(schedule, [block.block_rv for block in blocks])
+    blocks = normalize_prim_func(schedule)
+    if blocks is None:
+        raise ValueError("the kernel has blocks dlight cannot normalize")
+    for block in blocks:
+        if _still_there(schedule, block.block_rv):  # not written back by a tile before it
+            _schedule_block(schedule, block, cores, tile_rows, vector_outer)
+    return schedule
+
+
+def _with_packed_weights(schedule, target):
+    """The schedule with each layout-free weight (`kernels/weight_packing.py`) stored in the order
+    the scheduled loops read it, by MetaSchedule's RewriteLayout postprocessor; unchanged where it
+    does not apply.
+
+    A register tile reads one vector of a weight row per reduction step; in the model's layout
+    consecutive steps are a whole row apart (3 KB for a 768-wide matmul), so the strip a tile
+    streams is scattered over the cache's sets. Packed, it is contiguous. The repacking block
+    this adds is moved out of the kernel and run once on the constant weight at compile time
+    (`layout.pack_constant_weights`); MetaSchedule's builder leaves it out when measuring.
+    BERT's 128x768x3072 matmul (+ GELU) in the rule's three forms: 3.5-3.8 -> 2.9-3.2 ms.
+    """
+    from tvm.s_tir import meta_schedule as ms
+    from tvm.s_tir.meta_schedule.postproc import RewriteLayout
+
+    func = schedule.mod["main"]
+    if func.attrs is None or not list(func.attrs.get(LAYOUT_FREE_ATTR, [])):
+        return schedule
+    packed = schedule.copy()
+    # Marked as postprocessing: MetaSchedule, seeding its search with this record, replays the
+    # trace without it and packs the weights of its own candidates itself.
+    packed.enter_postproc()
+    rewrite = RewriteLayout()
+    rewrite._initialize_with_tune_context(ms.TuneContext(schedule.mod, target=target))
+    return packed if rewrite.apply(packed) else schedule
+
+
+def _still_there(schedule, block_rv) -> bool:
+    try:
+        schedule.get(block_rv)
+    except Exception:  # noqa: BLE001 - TVM reports a removed block as a generic error
+        return False
+    return True
+
+
+def inline_injective(func: tvm.tirx.PrimFunc) -> tvm.tirx.PrimFunc:
+    """`func` with its injective intermediates inlined, as the default schedule starts."""
+    from tvm.s_tir.dlight.analysis import normalize_prim_func
+
+    schedule = tvm.s_tir.Schedule(func)
+    blocks = normalize_prim_func(schedule)
+    if blocks is None:
+        return func
+    _inline_injective(schedule, [block.block_rv for block in blocks])
+    return schedule.mod["main"]
+
+
+def _inline_injective(schedule, blocks) -> None:
+    """Inline every block that can be (injective, not an output), until none can."""
+    remaining = list(blocks)
+    inlined = True
+    while inlined:
+        inlined = False
+        for block in list(remaining):
+            try:
+                schedule.compute_inline(block)
+            except tvm.s_tir.ScheduleError:
+                continue
+            remaining.remove(block)
+            inlined = True
+
+
+def _schedule_block(schedule, block, cores: int, tile_rows: int,
+                    vector_outer: bool = False) -> None:
+    """The rule on one block; `tile_rows` 0: no register tile."""
+    if any(iterator.kind not in "SR" for iterator in block.iters):
+        return  # an opaque iterator: loop order is not ours to change
+    spatial = [iterator.loop_rv for iterator in block.iters if iterator.kind == "S"]
+    reduction = [iterator.loop_rv for iterator in block.iters if iterator.kind == "R"]
+    vector = None
+    if spatial:
+        width = _vector_width(_extent(schedule, spatial[-1]))
+        if width is not None:
+            spatial[-1], vector = schedule.split(spatial[-1], [None, width])
+    tile = []
+    if tile_rows and reduction and vector is not None:
+        spatial, tile = _register_tile(schedule, block, spatial, tile_rows)
+        if vector_outer and tile:
+            spatial = [spatial[-1]] + spatial[:-1]
+    order = spatial + reduction + tile + ([vector] if vector is not None else [])
+    if len(order) > 1:
+        schedule.reorder(*order)
+    parallel, iterations = [], 1
+    for loop in spatial:
+        extent = _extent(schedule, loop)
+        if extent is None:
+            break
+        parallel.append(loop)
+        iterations *= extent
+        if iterations >= cores * ITERATIONS_PER_CORE:
+            break
+    fused = None
+    if parallel:
+        fused = schedule.fuse(*parallel) if len(parallel) > 1 else parallel[0]
+        schedule.parallel(fused)
+    if vector is None:
+        return
+    schedule.vectorize(vector)
+    if tile:
+        for loop in tile:
+            schedule.unroll(loop)
+        _accumulate_in_registers(schedule, block.block_rv,
+                                 spatial[-1] if len(parallel) < len(spatial) else fused)
+    if reduction:
+        schedule.decompose_reduction(block.block_rv, reduction[0])
+
+
+def _register_tile(schedule, block, spatial: list, tile_rows: int) -> tuple[list, list]:
+    """(spatial loops, tile loops): split off `_tile_rows` steps of a loop the vector loads
+    do not depend on, so that each vector loaded per reduction step feeds that many
+    multiply-adds (a matmul's rows, a convolution's output pixels in NHWC or its output
+    channels in NCHW) and a large operand streams through the cache that many times less."""
+    row = _row_loop(schedule, block)
+    rows = 1 if row is None else _tile_rows(_extent(schedule, spatial[row]), tile_rows)
+    if rows == 1:
+        return spatial, []
+    spatial = list(spatial)
+    spatial[row], row_loop = schedule.split(spatial[row], [None, rows])
+    return spatial, [row_loop]
+
+
+def _row_loop(schedule, block) -> int | None:
+    """Position, among the block's spatial loops, of the innermost one (other than the
+    vectorized last) that no input read along the vector depends on; else the one just
+    outside the vector."""
+    spatial = [str(iterator.var) for iterator in block.iters if iterator.kind == "S"]
+    if len(spatial) < 2:
+        return None
+    sblock = schedule.get(block.block_rv)
+    written = [region.source for region in sblock.writes]
+    streamed = [used for used in (_vars_used(region) for region in sblock.reads
+                                  if not any(region.source.same_as(w) for w in written))
+                if spatial[-1] in used]
+    reused = [i for i, var in enumerate(spatial[:-1]) if not any(var in used for used in streamed)]
+    return reused[-1] if reused else len(spatial) - 2
+
+
+def _vars_used(region) -> set[str]:
+    return {str(var) for extent in region.region
+            for var in tvm.tirx.analysis.undefined_vars(extent.min)}
+
+
+def _accumulate_in_registers(schedule, block_rv, anchor) -> None:
+    """Accumulate a tile in a local buffer, which LLVM keeps in registers, and store it once,
+    with the block's elementwise consumers (bias, activation) applied on the way out."""
+    write_back = schedule.cache_write(block_rv, 0, "local")
+    for consumer in schedule.get_consumers(write_back):
+        try:
+            schedule.reverse_compute_inline(consumer)
+        except tvm.s_tir.ScheduleError:
+            continue
+    schedule.reverse_compute_at(write_back, anchor)
+    schedule.vectorize(schedule.get_loops(write_back)[-1])
+
+
+def _extent(schedule, loop) -> int | None:
+    extent = schedule.get(loop).extent
+    return int(extent) if isinstance(extent, tvm.tirx.IntImm) else None
+
+
+def _largest_divisor(extent: int | None, at_most: int) -> int:
+    return 1 if not extent else next(d for d in range(min(extent, at_most), 0, -1)
+                                     if extent % d == 0)
+
+
+def _tile_rows(extent: int | None, at_most: int = TILE_ROWS) -> int:
+    """Rows of a register tile: a divisor of `extent` (no remainder loop), `at_most` at most
+    unless only 1-3 would divide, then up to MAX_TILE_ROWS."""
+    rows = _largest_divisor(extent, at_most)
+    return rows if rows >= 4 else _largest_divisor(extent, max(at_most, MAX_TILE_ROWS))
+
+
+def _vector_width(extent: int | None) -> int | None:
+    """The largest divisor of `extent` that fits one vector register, if at least 4 (an odd
+    width such as 13 or 14 is padded to the register by LLVM)."""
+    if not extent:
+        return None
+    width = _largest_divisor(extent, MAX_VECTOR_WIDTH)
+    return width if width >= MIN_VECTOR_WIDTH else None
+
+
+def default_schedule_pass(target) -> tvm.transform.Pass:
+    """Give every PrimFunc that no tuning record scheduled the CPU default schedule."""
+    from ..kernels.fused import schedule_unscheduled
+
+    @tvm.transform.module_pass(opt_level=0, name="KorchCPUDefaultSchedule")
+    def _schedule(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+        return schedule_unscheduled(
+            mod, lambda func: default_schedule(tvm.IRModule({"main": func}), target),
+            marks=(DEFAULT_SCHEDULE_ATTR,))
+
+    return _schedule

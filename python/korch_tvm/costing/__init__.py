@@ -1,0 +1,1 @@
+"""Stage 5: kernels -> KernelCosts: tuning log, measurement, tuning, cost model."""

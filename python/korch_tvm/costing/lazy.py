@@ -1,0 +1,126 @@
+"""Measure only the kernels a plan wants: solve on predictions, measure what is chosen, repeat.
+
+Measuring every candidate's default schedule dominated cold compiles, and most candidates are
+never chosen. So the solver first sees predictions for everything the log does not know, scaled
+optimistically; the kernels of its plan that are still predictions are measured and the problem
+is solved again, until the plan consists of measured kernels only. If every scaled prediction
+were at most the kernel's measured time, the final plan would be the one full costing finds: any
+other plan costs at least its optimistic sum, which is no less than the final plan's measured sum.
+
+The scaling is a calibration, then a margin. A prediction is multiplied by the median measured /
+predicted ratio of already measured kernels that share an *anchor* with it (the caller's choice:
+the same matmul or convolution primitive, or the class of memory-bound kernels), else by the
+median ratio of all measured kernels: the variants of one big matmul are mispredicted alike, so
+their measured sibling corrects them far better than a global factor. It is then divided by
+`1 + margin`. A wide margin makes every unmeasured variant of a big kernel look cheaper than the
+measured one, and the loop measures them all; a narrow one trusts the calibrated model.
+
+The loop depends only on the log and the predictor, so a second compile with the same log finds
+the last round's plan at once and measures nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import statistics
+from collections.abc import Callable, Collection, Hashable, Mapping
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+from .measure import KernelCost
+
+logger = logging.getLogger("korch_tvm.lazy_costing")
+
+MIN_CALIBRATION_KERNELS = 3  # fewer measured kernels than this: predictions are used as they are
+
+Solution = TypeVar("Solution")
+
+
+@dataclass(frozen=True)
+class LazyResult(Generic[Solution]):
+    known: dict[str, KernelCost]   # every kernel with a real number (log or measured)
+    solution: Solution             # the last solve, on `known` plus optimistic predictions
+    rounds: int                    # solves it took
+
+
+def calibration(known: Mapping[str, KernelCost], predicted: Mapping[str, float]) -> float:
+    """Median ratio measured / predicted over the known kernels (1 when too few to tell).
+
+    The analytic estimate is a roofline, often an order of magnitude below a default schedule;
+    unscaled it would make every unmeasured kernel look better than every measured one, and the
+    loop would end up measuring nearly everything.
+    """
+    ratios = list(_log_ratios(known, predicted).values())
+    if len(ratios) < MIN_CALIBRATION_KERNELS:
+        return 1.0
+    return math.exp(statistics.median(ratios))
+
+
+def _log_ratios(known: Mapping[str, KernelCost], predicted: Mapping[str, float]):
+    return {key: math.log(cost.seconds / predicted[key]) for key, cost in known.items()
+            if key in predicted and math.isfinite(cost.seconds) and cost.seconds > 0
+            and predicted[key] > 0}
+
+
+def calibrated_predictions(predicted: Mapping[str, float], known: Mapping[str, KernelCost],
+                           anchors: Mapping[str, Collection[Hashable]]) -> dict[str, float]:
+    """Every unknown kernel's prediction times the ratio of its measured siblings (see above).
+
+    `anchors[key]` are the primitives that carry the kernel's work; kernels sharing one are
+    siblings. Kernels without a measured sibling take the global `calibration`.
+    """
+    ratios = _log_ratios(known, predicted)
+    by_anchor: dict[Hashable, list[float]] = {}
+    for key, ratio in ratios.items():
+        for anchor in anchors.get(key, ()):
+            by_anchor.setdefault(anchor, []).append(ratio)
+    overall = calibration(known, predicted)
+    result = {}
+    for key, seconds in predicted.items():
+        if key in known:
+            continue
+        siblings = [r for anchor in anchors.get(key, ()) for r in by_anchor.get(anchor, ())]
+        result[key] = seconds * (math.exp(statistics.median(siblings)) if siblings else overall)
+    return result
+
+
+def solve_lazily(solve: Callable[[dict[str, KernelCost]], tuple[Solution, Collection[str]]],
+                 predicted: Mapping[str, float], known: Mapping[str, KernelCost],
+                 measure: Callable[[list[str]], Mapping[str, KernelCost]],
+                 margin: float,
+                 anchors: Mapping[str, Collection[Hashable]] | None = None) -> LazyResult[Solution]:
+    """Solve, measure the chosen kernels that are only predicted, and solve again until none are.
+
+    `solve(costs)` returns (solution, keys of the chosen kernels); `measure(keys)` returns a
+    cost for each key, "predicted" where it could not measure (a time budget ran out), which
+    ends the loop with those predictions in the plan. Without `anchors` every kernel takes the
+    global calibration.
+    """
+    assert margin >= 0 and math.isfinite(margin), "lazy costing needs a finite margin"
+    known = dict(known)
+    anchors = anchors or {}
+    rounds = 0
+    while True:
+        optimistic = calibrated_predictions(predicted, known, anchors)
+        costs = {key: KernelCost(seconds / (1.0 + margin), "predicted", 0)
+                 for key, seconds in optimistic.items()}
+        costs.update(known)
+        solution, chosen = solve(costs)
+        rounds += 1
+        missing = sorted({key for key in chosen if key is not None and key not in known})
+        if not missing:
+            return LazyResult(known, solution, rounds)
+        logger.info("round %d: measuring %d kernels of the plan that were predictions",
+                    rounds, len(missing))
+        measured = {key: cost for key, cost in measure(missing).items()
+                    if cost.source != "predicted"}
+        if not measured:
+            # the profiler has said why (no device, time budget spent)
+            logger.info("nothing measured; the plan keeps %d kernels costed by prediction",
+                        len(missing))
+            return LazyResult(known, solution, rounds)
+        for key, cost in measured.items():
+            logger.debug("kernel %s: calibrated prediction %.3g ms, measured %.3g ms", key,
+                         optimistic[key] * 1e3, cost.seconds * 1e3)
+        known.update(measured)

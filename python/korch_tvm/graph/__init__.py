@@ -1,0 +1,1 @@
+"""Stage 3: a lowered Relax function -> the PrimitiveGraph (primitives, kinds, edges)."""

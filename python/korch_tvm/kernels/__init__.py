@@ -1,0 +1,1 @@
+"""Groups of primitives -> fused kernel PrimFuncs: structural keys, kinds, weight packing."""

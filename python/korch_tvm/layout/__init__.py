@@ -1,0 +1,1 @@
+"""Activation layouts (NCHW / NHWC) chosen per region of the graph."""

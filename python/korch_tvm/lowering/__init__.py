@@ -1,0 +1,1 @@
+"""Stage 2: composite Relax operators -> primitive operators of six kinds (operator fission)."""

@@ -1,0 +1,154 @@
+"""From candidates and costs to orchestration problems, and from solved plans to kernel groups.
+
+The primitive graph is cut into convex pieces (candidates/partition.py); each piece is one binary
+integer program over the candidates that lie inside it. A piece's required outputs are its graph
+outputs and every primitive a later piece reads, so the pieces' plans concatenate into one valid
+plan.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from ..costing.cost_model import prune_candidates
+from .solver import KernelChoice, OrchestrationProblem, Plan
+
+
+# An opaque primitive (a binding that is no call_tir) always runs alone and always runs, so its
+# cost is the same in every plan and cannot change the choice.
+_OPAQUE_COST = 0.0
+
+
+# A stock FuseOps group that could not be measured (failed or timed out in an earlier run) still
+# stands in the program at this price, so the stock plan stays feasible and any plan avoiding
+# the kernel wins; a kernel that truly cannot build fails the stock build the same way.
+_UNMEASURABLE_STOCK_COST = 1e3
+
+
+def _kernel_seconds(key: str | None, costs: Mapping[str, object], is_stock: bool = False) -> float:
+    if key is None:
+        return _OPAQUE_COST
+    seconds = float(costs[key].seconds)
+    return _UNMEASURABLE_STOCK_COST if is_stock and not math.isfinite(seconds) else seconds
+
+
+@dataclass(frozen=True)
+class Subproblem:
+    piece: frozenset[int]              # primitive ids of this piece
+    candidate_ids: tuple[int, ...]     # global candidate index of each KernelChoice
+    problem: OrchestrationProblem
+
+
+def prune_by_prediction(candidates, key_of_candidate: Sequence[str],
+                        predicted: Mapping[str, float], margin: float) -> list[int]:
+    """Indices of candidates worth costing for real.
+
+    Uses predictions only (never measured values), so a second compile with the same log and
+    cost model keeps exactly the same candidates and therefore measures nothing new. TVM's own
+    fusion groups are always kept: the stock plan must stay feasible and be costed for real.
+    """
+    node_sets = [candidate.nodes for candidate in candidates]
+    costs = [_OPAQUE_COST if key is None else predicted[key] for key in key_of_candidate]
+    kept = set(prune_candidates(node_sets, costs, margin))
+    kept |= {i for i, candidate in enumerate(candidates) if candidate.is_stock}
+    return sorted(kept)
+
+
+def orchestration_problems(graph, pieces: Sequence[frozenset[int]], candidates, kept: Sequence[int],
+                           key_of_candidate: Sequence[str], costs: Mapping[str, object]
+                           ) -> list[Subproblem]:
+    """One OrchestrationProblem per piece, over the kept candidates inside it."""
+    problems = []
+    for piece in pieces:
+        ids = tuple(i for i in kept if candidates[i].nodes <= piece)
+        required = frozenset(
+            node for node in piece
+            if node in graph.outputs or any(c not in piece for c in graph.nodes[node].consumers))
+        choices = tuple(
+            KernelChoice(nodes=candidates[i].nodes,
+                         inputs=frozenset(candidates[i].inputs) & piece,
+                         outputs=frozenset(candidates[i].outputs),
+                         cost=_kernel_seconds(key_of_candidate[i], costs,
+                                              candidates[i].is_stock))
+            for i in ids)
+        stock = tuple(local for local, i in enumerate(ids) if candidates[i].is_stock)
+        if sorted(node for local in stock for node in choices[local].nodes) != sorted(piece):
+            stock = ()  # a stock group straddles the cut: no stock plan for this piece
+        problems.append(Subproblem(piece, ids, OrchestrationProblem(
+            num_nodes=len(graph.nodes), kernels=choices, graph_outputs=required,
+            stock_plan=stock)))
+    return problems
+
+
+def plan_groups(problems: Sequence[Subproblem], plans: Sequence[Plan]) -> list[tuple[int, ...]]:
+    """Global candidate ids of every chosen kernel, in execution order across pieces."""
+    chosen = []
+    for subproblem, plan in zip(problems, plans):
+        if not plan.chosen:
+            raise AssertionError(f"no plan for a piece of {len(subproblem.piece)} primitives "
+                                 f"(solver status {plan.status})")
+        chosen += [subproblem.candidate_ids[local] for local in plan.chosen]
+    return chosen
+
+
+def plan_report(graph, candidates, kept, problems, plans, chosen, key_of_candidate, costs,
+                in_model_factors: Mapping[str, float] | None = None, storage=None) -> dict:
+    """What the solver did, per piece and in total; JSON-friendly. A kernel's "ms" is the cost
+    the solver used (its isolated cost times its in-model factor), "isolated_ms" the former."""
+    computed = [node for i in chosen for node in candidates[i].nodes]
+    stock_parts = [plan.stock_objective for plan in plans]
+    stock_ms = (sum(stock_parts) * 1e3 if all(s is not None for s in stock_parts) else None)
+    return {
+        "primitives": len(graph.nodes),
+        "candidates": len(candidates),
+        "pruned": len(candidates) - len(kept),
+        "subproblems": len(problems),
+        "largest_subproblem": max((len(p.piece) for p in problems), default=0),
+        "kernels_chosen": len(chosen),
+        "recomputed_primitives": len(computed) - len(set(computed)),
+        # activation storage Relax will plan for this plan and the stock plan
+        # (orchestration/memory_plan.py)
+        "planned_storage_mb": None if storage is None else storage.report(problems, plans),
+        "modelled_ms": sum(plan.objective for plan in plans) * 1e3,
+        "stock_modelled_ms": stock_ms,
+        "solver_status": _overall_status(plans),
+        "solver": [
+            {"primitives": len(p.piece), "candidates": len(p.candidate_ids),
+             "status": plan.status, "objective_ms": _finite_or_none(plan.objective * 1e3),
+             "best_bound_ms": _finite_or_none(plan.best_bound * 1e3),
+             "gap": _finite_or_none(plan.gap), "nodes": plan.nodes,
+             "seconds": round(plan.seconds, 3), "cycle_cuts": plan.cycle_cuts,
+             "warm_start": plan.warm_start}
+            for p, plan in zip(problems, plans)],
+        "kernels": [_kernel_entry(graph, candidates[i], key_of_candidate[i], costs,
+                                  (in_model_factors or {}).get(key_of_candidate[i], 1.0))
+                    for i in chosen],
+    }
+
+
+def _kernel_entry(graph, candidate, key, costs, in_model_factor: float) -> dict:
+    """One chosen kernel: its primitives, their ops, and its cost with where it came from."""
+    cost = costs.get(key) if key is not None else None
+    return {
+        "primitives": sorted(candidate.nodes),
+        "ops": [graph.nodes[i].op_name.removeprefix("relax.") for i in sorted(candidate.nodes)],
+        "key": key,
+        "ms": None if cost is None else _finite_or_none(cost.seconds * in_model_factor * 1e3),
+        "isolated_ms": None if cost is None else _finite_or_none(cost.seconds * 1e3),
+        "cost_source": "opaque" if cost is None else cost.source,
+        "stock_group": bool(candidate.is_stock),
+    }
+
+
+def _finite_or_none(value: float) -> float | None:
+    """JSON has no infinities: unbounded or missing values are reported as null."""
+    return value if math.isfinite(value) else None
+
+
+def _overall_status(plans: Sequence[Plan]) -> str:
+    statuses = {plan.status for plan in plans}
+    if statuses <= {"optimal"}:
+        return "optimal"
+    return ",".join(sorted(statuses - {"optimal"}))

@@ -1,0 +1,115 @@
+"""TVM's stock Relax path: LegalizeOps, FuseOps, FuseTIR, MetaSchedule tuning, apply the log.
+
+It is the baseline Korch is measured against, so it tunes through the same tuning log with the
+same trial budget as the Korch path.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+
+import tvm
+from tvm import relax
+
+from ..backend.rewrite import apply_tuning_log
+from ..backend.schedule_counts import schedule_counts
+from ..config import KorchConfig
+from ..costing.in_model import load_in_model_times
+from ..costing.kernel_costs import cost_kernels, merge_summaries
+from ..kernels.fused import kernel_module, structural_key
+from ..kernels.kinds import kind_times, module_kernel_kinds
+from ..kernels.weight_packing import mark_layout_free_weights
+from ..layout.activations import in_best_layout
+from ..lowering.fast_math import legalize_ops
+
+CALL_TIR = tvm.ir.Op.get("relax.call_tir")
+
+
+def stock_fusion(mod: tvm.IRModule, target, *, fast_math: bool = True) -> tvm.IRModule:
+    """The fusion TVM's own pipeline performs (relax.get_pipeline("zero") without the tuning),
+    with the kernels' constant weights marked layout free and the same legalization of exp,
+    sigmoid, tanh and erf (lowering/fast_math.py) as Korch's kernels."""
+    with target:
+        fused = tvm.transform.Sequential([
+            legalize_ops(fast_math),
+            relax.transform.AnnotateTIROpPattern(),
+            relax.transform.FoldConstant(),
+            relax.transform.FuseOps(),
+            relax.transform.FuseTIR(),
+        ])(mod)
+    return mark_layout_free_weights(fused)
+
+
+def kernel_calls(mod: tvm.IRModule, func_name: str = "main") -> Counter:
+    """How often `main` calls each PrimFunc (by name): the weight of its cost in the model."""
+    calls = Counter()
+
+    def visit(expr):
+        if isinstance(expr, relax.Call) and expr.op.same_as(CALL_TIR):
+            calls[expr.args[0].name_hint] += 1
+
+    relax.analysis.post_order_visit(mod[func_name], visit)
+    return calls
+
+
+def run_stock(mod: tvm.IRModule, config: KorchConfig):
+    """Fuse, tune (within the budget, reusing the log) and apply schedules; returns (mod, report).
+
+    Layouts are chosen as Korch chooses them (layout/activations.py): with "auto", a model with
+    convolutions is compiled in each layout and the one of least modelled latency is kept.
+    """
+    best, results = in_best_layout(
+        mod, config.layout,
+        lambda _, variant, budget: _run_stock_in_layout(variant,
+                                                        config.with_changes(time_budget=budget)),
+        lambda result: result[1]["modelled_ms"], config.time_budget)
+    tuned, report = results[best]
+    layouts = {layout: {"modelled_ms": report["modelled_ms"], "tuning": report["tuning"]}
+               for layout, (_, report) in results.items()}
+    return tuned, {**report, "layout": best, "layouts": layouts,
+                   "tuning": merge_summaries(entry["tuning"] for entry in layouts.values())}
+
+
+def _run_stock_in_layout(mod: tvm.IRModule, config: KorchConfig):
+    target = config.target
+    fused = stock_fusion(mod, target, fast_math=config.fast_math)
+    calls = kernel_calls(fused)
+    kernels = {name: kernel_module(fused[name]) for name in calls}
+    costing = cost_kernels(kernels, config, weights=dict(calls))
+    tuned = apply_tuning_log(fused, costing.tuning_log.database, target)
+    kinds = module_kernel_kinds(fused)
+    keys = {name: structural_key(kernels[name]) for name in calls}
+    # The same in-model scaling as Korch's plan (costing/in_model.py), so both modelled numbers
+    # compare.
+    in_model = load_in_model_times(costing.tuning_log.directory)
+    factors = in_model.factors({keys[name]: kinds.get(name, "memory") for name in calls})
+    isolated_ms = {name: _finite_ms(costing.costs[name].seconds) for name in calls}
+    kernel_ms = {name: _finite_ms(costing.costs[name].seconds * factors.get(keys[name], 1.0))
+                 for name in calls}
+    report = {
+        "kernel_calls": sum(calls.values()),
+        "tuning": costing.summary,
+        "modelled_ms": _total_ms(kernel_ms, calls),
+        # per kernel (ms of one call) and per kind (ms per model run), for the bench's profile
+        "kernels": [{"name": name, "calls": count, "ms": kernel_ms[name],
+                     "isolated_ms": isolated_ms[name], "kind": kinds.get(name, "memory"),
+                     "key": keys[name]}
+                    for name, count in calls.items()],
+        "kind_ms": kind_times(fused, kernel_ms, calls),
+        "kernel_kinds": kinds,
+        **schedule_counts(tuned, kernels.values(), costing.tuning_log),
+    }
+    if in_model:
+        report["modelled_isolated_ms"] = _total_ms(isolated_ms, calls)
+    return tuned, report
+
+
+def _total_ms(kernel_ms, calls) -> float:
+    """Sum over calls; an unmeasurable kernel makes the total infinite."""
+    return sum(math.inf if kernel_ms[name] is None else kernel_ms[name] * count
+               for name, count in calls.items())
+
+
+def _finite_ms(seconds: float) -> float | None:
+    return seconds * 1e3 if math.isfinite(seconds) else None

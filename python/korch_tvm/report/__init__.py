@@ -1,0 +1,1 @@
+"""Reports as text, the plan drawn (HTML/SVG, DOT), the benchmark plot."""

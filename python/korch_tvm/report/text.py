@@ -1,0 +1,151 @@
+"""Reports as text: the compile summary and `korch-tvm explain` (the JSON forms are the dicts)."""
+
+from __future__ import annotations
+
+
+def summary_lines(report: dict) -> list[str]:
+    """A few lines a person reads after a compile: what ran, what it cost, how close it is."""
+    path = "korch" if report.get("korch") else "stock"
+    lines = [f"compiled {report.get('model')} for {report.get('target_tag')} ({path} path, "
+             f"{report.get('threads')} threads) in {report.get('compile_seconds', 0):.1f} s"]
+    tuning = report.get("tuning")
+    if tuning:
+        lines.append(
+            f"  kernels costed: {tuning.get('kernels', 0)} distinct; cost from the log "
+            f"{tuning.get('from_log', 0)}, searched now {tuning.get('tuned', 0)}, default "
+            f"schedule measured now {tuning.get('measured', 0)}, predicted only "
+            f"{tuning.get('predicted', 0)}, failed {tuning.get('failed', 0)}; trials run "
+            f"{tuning.get('trials_run', 0)} of budget {_budget(report)}")
+    schedules = _schedule_line(report)
+    if schedules:
+        lines.append(schedules)
+    layouts = report.get("layouts") or {}
+    if len(layouts) > 1:
+        lines.append(f"  layout: {report.get('layout')} (modelled " + ", ".join(
+            f"{layout} {_ms(entry['modelled_ms'])}" for layout, entry in layouts.items())
+            + "; the counts above add up every layout)")
+    elif report.get("layout"):
+        lines.append(f"  layout: {report['layout']}")
+    lowering = report.get("lowering")
+    if lowering:
+        kinds = ", ".join(f"{k} {v}" for k, v in sorted(lowering.get("primitives_by_kind", {}).items()))
+        lines.append(f"  primitives: {kinds}")
+    plan = report.get("plan")
+    if plan:
+        lines.append(
+            f"  plan: {plan.get('kernels_chosen')} kernels from {plan.get('candidates')} "
+            f"candidates ({plan.get('pruned', 0)} pruned), {plan.get('recomputed_primitives', 0)}"
+            f" primitives recomputed; modelled {plan.get('modelled_ms', 0):.3f} ms vs "
+            f"{_ms(plan.get('stock_modelled_ms'))} for FuseOps' groups on the same costs; "
+            f"solver {plan.get('solver_status')}")
+        storage = plan.get("planned_storage_mb")
+        if storage:
+            stock = "n/a" if storage["stock"] is None else f"{storage['stock']:.1f} MB"
+            stock_workspace = ("n/a" if storage.get("stock_workspace") is None
+                               else f"{storage['stock_workspace']:.2f} MB")
+            lines.append(f"  activation storage: {storage['korch']:.1f} MB vs {stock} for "
+                         f"FuseOps' groups, largest kernel workspace "
+                         f"{storage.get('korch_workspace', 0):.2f} MB vs {stock_workspace}; "
+                         f"{storage['pieces_on_stock_plan']} piece(s) moved to FuseOps' groups "
+                         f"to stay within them")
+        if plan.get("opaque_ops"):
+            lines.append(f"  opaque ops kept as in the stock path: {', '.join(plan['opaque_ops'])}")
+    elif report.get("modelled_ms") is not None:
+        lines.append(f"  modelled latency (sum of kernel costs): {report['modelled_ms']:.3f} ms")
+    kinds = report.get("kind_ms")
+    if kinds:
+        lines.append("  modelled time by kernel kind: " + ", ".join(
+            f"{kind} {ms:.3f} ms" for kind, ms in sorted(kinds.items(), key=lambda kv: -kv[1])
+            if ms > 0))
+    latency = report.get("latency_ms")
+    if latency:
+        lines.append(f"  measured latency: median {latency['median']:.3f} ms "
+                     f"(p10 {latency['p10']:.3f}, p90 {latency['p90']:.3f})")
+    verification = report.get("verification")
+    if verification and "skipped" in verification:
+        lines.append(f"  verification skipped: {verification['skipped']}")
+    elif verification:
+        state = "ok" if verification["passed"] else "FAILED"
+        lines.append(f"  verification vs {verification['reference']}: {state}, max relative "
+                     f"error {verification['max_rel_error']:.2e}")
+    fallback = report.get("fallback")
+    if fallback:
+        lines.append(f"  FELL BACK to the stock plan: {fallback['reason']}")
+    if report.get("output"):
+        lines.append(f"  library: {report['output']}")
+    return lines
+
+
+def explain_lines(explanation: dict) -> list[str]:
+    """`korch-tvm explain` as text: kernels, recomputation, the stock diff, the solver."""
+    lines = [f"plan for {explanation.get('model')} on {explanation.get('target_tag')} "
+             f"(costs {explanation.get('costing')}): {len(explanation['kernels'])} kernels from "
+             f"{explanation.get('candidates')} candidates ({explanation.get('pruned', 0)} pruned)",
+             f"  modelled {_ms(explanation.get('modelled_ms'))} vs stock FuseOps "
+             f"{_ms(explanation.get('stock_modelled_ms'))}"]
+    if explanation.get("layout"):
+        lines.append(f"  layout {explanation['layout']} (modelled " + ", ".join(
+            f"{layout} {_ms(ms)}" for layout, ms in explanation.get("layouts", {}).items()) + ")")
+    lines += ["", "kernels (execution order):"]
+    for kernel in explanation["kernels"]:
+        stock = ", a stock group" if kernel["stock_group"] else ""
+        lines.append(f"  {kernel['id']:>4}  {_ms(kernel['ms']):>12}  {kernel['cost_source']}"
+                     f"{stock}: primitives {_ids(kernel['primitives'])} = "
+                     f"{' + '.join(kernel['ops'])}")
+        if kernel.get("onnx_ops"):
+            lines.append(f"        from ONNX: {'; '.join(kernel['onnx_ops'])}")
+        if kernel.get("error"):
+            lines.append(f"        error: {kernel['error']}")
+    lines.append("")
+    if explanation["recomputed"]:
+        lines.append("recomputed primitives:")
+        lines += [f"  {item['primitive']} ({item['op']}) in {', '.join(item['kernels'])}"
+                  for item in explanation["recomputed"]]
+    else:
+        lines.append("recomputed primitives: none")
+    diff = explanation["stock_diff"]
+    lines += ["", f"vs stock FuseOps ({diff['stock_kernels']} kernels): {len(diff['same'])} "
+              f"kernels the same, {len(diff['merged'])} merging stock groups, "
+              f"{len(diff['part_of_stock'])} part of one, {len(diff['split'])} stock groups split"]
+    lines += [f"  {item['kernel']} merges {' | '.join(_ids(g) for g in item['stock_groups'])}"
+              for item in diff["merged"]]
+    lines += [f"  stock group {_ids(item['stock_group'])} split over {', '.join(item['kernels'])}"
+              for item in diff["split"]]
+    if explanation.get("opaque_ops"):
+        lines.append(f"opaque ops kept as in the stock path: {', '.join(explanation['opaque_ops'])}")
+    lines += ["", f"solver: {explanation['solver_status']}"]
+    for index, piece in enumerate(explanation["solver"]):
+        gap = "n/a (no bound yet)" if piece["gap"] is None else f"{piece['gap']:.2%}"
+        lines.append(f"  subproblem {index}: {piece['primitives']} primitives, "
+                     f"{piece['candidates']} candidates: {piece['status']}, gap {gap}, "
+                     f"{piece['seconds']:.2f} s")
+    if explanation.get("onnx_trace") is None:
+        lines.append("(ONNX operators not traced for this model)")
+    return lines
+
+
+def _ids(ids) -> str:
+    ids = sorted(ids)
+    if ids and ids == list(range(ids[0], ids[-1] + 1)) and len(ids) > 2:
+        return f"{ids[0]}-{ids[-1]}"
+    return ",".join(map(str, ids))
+
+
+def _ms(value) -> str:
+    return "n/a" if value is None else f"{value:.3f} ms"
+
+
+def _schedule_line(report: dict) -> str | None:
+    """What the built kernels run: a logged schedule, and of those how many a search found
+    (backend/schedule_counts.py); None for a report without the counts."""
+    from_log = report.get("kernels_scheduled_from_log")
+    searched = report.get("kernels_with_searched_schedule")
+    if from_log is None or searched is None:
+        return None
+    return (f"  built kernels: {from_log} scheduled from log records; {searched} planned "
+            "kernels with a schedule from a tuning search (the others run a default schedule)")
+
+
+def _budget(report: dict) -> str:
+    per_kernel = report.get("trials_per_kernel")
+    return f"{per_kernel} per kernel" if per_kernel else str(report.get("trials_budget", 0))

@@ -1,0 +1,1 @@
+"""Shared helpers of every stage: memos, topological order, interrupts, safe output files."""

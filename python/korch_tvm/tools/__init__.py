@@ -1,0 +1,1 @@
+"""The korch-tvm command line: compile, tune, explain, bench, run, logs."""

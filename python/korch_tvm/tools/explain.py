@@ -1,0 +1,250 @@
+"""korch-tvm explain: the plan a Korch compile would build, shown without building anything.
+
+`explain_model` runs the planning half of the pipeline (`passes.plan_korch`) and describes the
+answer as plain data: each chosen kernel with its primitives, the ONNX operators they came from
+(see frontend/onnx_trace.py for how, and how far to trust it) and its cost and where that cost came
+from; the primitives computed by more than one kernel; how the plan differs from TVM's own FuseOps
+groups on the same primitive graph; and the solver's status and gap per subproblem. The CLI renders
+that data as text, JSON, a self-contained HTML page or Graphviz.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+
+from ..config import LAYOUT_CHOICES
+
+logger = logging.getLogger("korch_tvm.explain")
+
+FORMATS = ("text", "json", "html", "dot")
+
+
+def add_arguments(parser) -> None:
+    from .cli import _shape_arg
+
+    parser.add_argument("model", help="path to an ONNX model")
+    parser.add_argument("--format", choices=FORMATS, default="text",
+                        help="text (default), json, html (one self-contained page with the "
+                             "primitive graph drawn) or dot (Graphviz)")
+    parser.add_argument("-o", "--output", metavar="FILE", default=None,
+                        help="write here instead of stdout (html: default MODEL.korch.html)")
+    parser.add_argument("--target", default="llvm", help="as for compile (default: llvm)")
+    from ..costing.log_seeds import user_log_root  # no TVM import: --help stays fast
+
+    parser.add_argument("--tuning-logs", metavar="DIR", default=user_log_root(),
+                        help="root of the tuning logs to read costs from and record "
+                             "measurements into, as for compile (default: %(default)s; '' "
+                             "keeps nothing)")
+    parser.add_argument("--trials", type=int, default=0, metavar="N",
+                        help="MetaSchedule trials for kernels not in the log, as for compile")
+    parser.add_argument("--time-budget", type=float, default=None, metavar="SECONDS",
+                        help="bound on the costing stage; the rest uses the cost model")
+    parser.add_argument("--layout", choices=LAYOUT_CHOICES, default="auto",
+                        help="activation layout, as for compile (default: auto)")
+    parser.add_argument("--predict-only", action="store_true",
+                        help="measure nothing: plan on logged costs and cost-model predictions "
+                             "(fast; may differ from the plan a measuring compile picks)")
+    parser.add_argument("--input-shape", type=_shape_arg, action="append", default=[],
+                        metavar="NAME:DIMS", help="static shape for a dynamic input (repeatable)")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="TVM runtime threads for measurements (default: every core)")
+    parser.add_argument("--solver-time-limit", type=float, default=None, metavar="SECONDS",
+                        help="HiGHS time limit per subproblem (default 10)")
+    verbosity = parser.add_mutually_exclusive_group()
+    verbosity.add_argument("-v", "--verbose", action="count", default=0,
+                           help="more logging (-vv for MetaSchedule's own logs)")
+    verbosity.add_argument("-q", "--quiet", action="store_true", help="only errors")
+
+
+def run(args) -> int:
+    explanation = explain_model(
+        args.model, target=args.target, tuning_logs=args.tuning_logs, trials=args.trials,
+        time_budget=args.time_budget, predict_only=args.predict_only,
+        input_shapes_override=dict(args.input_shape), num_threads=args.threads,
+        solver_time_limit=args.solver_time_limit, layout=args.layout)
+    text = render(explanation, args.format)
+    output = args.output
+    if output is None and args.format == "html":
+        stem = os.path.splitext(os.path.basename(args.model))[0]
+        output = f"{stem}.korch.html"
+    if output is None:
+        sys.stdout.write(text)
+        return 0
+    _write_text(output, text)
+    if not args.quiet:
+        print(f"wrote {os.path.abspath(output)}")
+    return 0
+
+
+def render(explanation: dict, fmt: str) -> str:
+    """The explanation in one of FORMATS, as text ending in a newline."""
+    if fmt == "json":
+        import json
+
+        return json.dumps(explanation, indent=2, sort_keys=True) + "\n"
+    if fmt == "html":
+        from ..report.plan_drawing import plan_html
+
+        return plan_html(explanation)
+    if fmt == "dot":
+        from ..report.plan_drawing import plan_dot
+
+        return plan_dot(explanation)
+    from ..report.text import explain_lines
+
+    return "\n".join(explain_lines(explanation)) + "\n"
+
+
+def _write_text(path: str, text: str) -> None:
+    from ..errors import KorchError
+
+    directory = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(directory):
+        raise KorchError(f"output directory '{directory}' does not exist")
+    try:
+        with open(path, "w", encoding="utf-8") as handle:
+            handle.write(text)
+    except OSError as err:
+        raise KorchError(f"cannot write '{path}': {err.strerror}") from None
+
+
+def explain_model(model, target=None, *, tuning_logs=None, trials=None,
+                  time_budget=None, predict_only: bool = False, input_shapes_override=None,
+                  num_threads=None, solver_time_limit=None, layout=None, config=None) -> dict:
+    """Plan `model` (ONNX path, `onnx.ModelProto` or Relax `IRModule`) and describe the plan.
+
+    Keyword arguments override `config` only when given (None: as configured), as in
+    `compile_model`.
+    """
+    from ..backend.target import configure_threads, parse_target, target_tag
+    from ..config import KorchConfig
+    from ..errors import KorchError
+    from ..pipeline.compile import has_operators
+    from ..pipeline.korch import plan_korch
+
+    config = (config or KorchConfig()).overridden(
+        target=target, tuning_logs=tuning_logs, trials=trials, time_budget=time_budget,
+        num_threads=num_threads, layout=layout,
+        solver_time_limit=None if solver_time_limit is None else float(solver_time_limit))
+    tvm_target = parse_target(config.target)
+    configure_threads(config.num_threads)
+    name, module, trace = _load(model, input_shapes_override)
+    if not has_operators(module):
+        raise KorchError(f"{name} has no operators: there is no plan to explain (it runs as is)")
+    plan = plan_korch(module, config.with_changes(target=tvm_target), predict_only=predict_only)
+    explanation = describe_plan(plan, trace)
+    exact = sum(p["onnx_exact"] for p in explanation["primitives"])
+    logger.debug("%d of %d primitives traced to their ONNX operator exactly%s", exact,
+                 len(explanation["primitives"]), "" if trace else " (no trace)")
+    explanation.update(model=name, target=str(tvm_target), target_tag=target_tag(tvm_target),
+                       costing="predicted (nothing measured)" if predict_only
+                       else "measured where a plan needed it (lazy costing)")
+    return explanation
+
+
+def _load(model, shape_overrides):
+    """(name, Relax module, OnnxTrace or None)."""
+    import tvm
+
+    from ..frontend.onnx_import import load_onnx
+    from ..frontend.onnx_trace import import_onnx_traced
+
+    if isinstance(model, tvm.IRModule):
+        return "relax-module", model, None
+    name = (os.path.basename(os.fspath(model)) if isinstance(model, (str, os.PathLike))
+            else getattr(getattr(model, "graph", None), "name", "onnx-model"))
+    module, trace = import_onnx_traced(load_onnx(model), shape_overrides)
+    return name, module, trace
+
+
+def describe_plan(plan, trace=None) -> dict:
+    """A KorchPlan as JSON-friendly data: kernels, recomputation, stock diff, solver."""
+    graph = plan.graph
+    full_report = plan.report()
+    report = full_report["plan"]
+    if trace is not None and plan.in_layout is not plan.source:  # converted: new vars
+        trace = trace.through_rewrite(plan.source[graph.func_name],
+                                      plan.in_layout[graph.func_name])
+    origins = trace.origins(graph) if trace is not None else [None] * len(graph.nodes)
+    groups = plan.chosen_groups
+    kernel_ids = [f"k{position}" for position in range(len(groups))]
+    kernels_of = {node.index: [] for node in graph.nodes}
+    for kernel_id, group in zip(kernel_ids, groups):
+        for node in group:
+            kernels_of[node].append(kernel_id)
+
+    primitives = []
+    for node, origin in zip(graph.nodes, origins):
+        operator = origin.operator if origin is not None else None
+        primitives.append({
+            "id": node.index, "op": node.op_name.removeprefix("relax."), "kind": node.kind,
+            "shape": list(node.shape) if node.shape is not None else None,
+            "inputs": list(node.inputs), "graph_inputs": list(node.graph_inputs),
+            "output": node.index in graph.outputs,
+            "onnx": operator.label if operator is not None else None,
+            "onnx_exact": bool(origin.exact) if origin is not None else False,
+            "kernels": kernels_of[node.index], "opaque": not node.fusible})
+
+    kernels = []
+    for kernel_id, entry, group in zip(kernel_ids, report["kernels"], groups):
+        onnx_ops = []
+        for node in sorted(group):
+            label = primitives[node]["onnx"]
+            if label is not None and label not in onnx_ops:
+                onnx_ops.append(label)
+        cost = plan.costs.get(entry["key"]) if entry["key"] is not None else None
+        kernels.append({"id": kernel_id, **entry, "onnx_ops": onnx_ops,
+                        "error": getattr(cost, "error", None)})
+
+    recomputed = [{"primitive": p["id"], "op": p["op"], "kernels": p["kernels"]}
+                  for p in primitives if len(p["kernels"]) > 1]
+    return {
+        "primitives": primitives,
+        "kernels": kernels,
+        "recomputed": recomputed,
+        "stock_diff": stock_difference(groups, graph.stock_fusion_groups(), kernel_ids),
+        "solver": report["solver"],
+        "solver_status": report["solver_status"],
+        "modelled_ms": report["modelled_ms"],
+        "stock_modelled_ms": report["stock_modelled_ms"],
+        "candidates": report["candidates"],
+        "pruned": report["pruned"],
+        "opaque_ops": report["opaque_ops"],
+        "onnx_trace": None if trace is None else (
+            "exact for each ONNX node's result; primitives split out of an operator are "
+            "attributed to the first traced primitive downstream (onnx_exact=false)"),
+        "tuning": full_report["tuning"],
+        "layout": full_report["layout"],
+        "layouts": {layout: entry["modelled_ms"]
+                    for layout, entry in full_report["layouts"].items()},
+    }
+
+
+def stock_difference(chosen_groups, stock_groups, kernel_ids) -> dict:
+    """How the chosen kernels relate to FuseOps' groups on the same primitives.
+
+    A chosen kernel is `same` as a stock group, `merged` when it takes primitives from more than
+    one stock group, or `part` of a single stock group; a stock group is `split` when its
+    primitives are spread over more than one chosen kernel.
+    """
+    stock = [frozenset(group) for group in stock_groups]
+    group_of = {node: g for g, group in enumerate(stock) for node in group}
+    same, merged, part = [], [], []
+    for kernel_id, group in zip(kernel_ids, chosen_groups):
+        touched = sorted({group_of[node] for node in group})
+        if len(touched) > 1:
+            merged.append({"kernel": kernel_id, "stock_groups": [sorted(stock[g]) for g in touched]})
+        elif frozenset(group) == stock[touched[0]]:
+            same.append(kernel_id)
+        else:
+            part.append({"kernel": kernel_id, "stock_group": sorted(stock[touched[0]])})
+    split = []
+    for group in stock:
+        covering = [kernel_id for kernel_id, chosen in zip(kernel_ids, chosen_groups)
+                    if group & frozenset(chosen)]
+        if len(covering) > 1:
+            split.append({"stock_group": sorted(group), "kernels": covering})
+    return {"stock_kernels": len(stock), "chosen_kernels": len(kernel_ids), "same": same,
+            "merged": merged, "part_of_stock": part, "split": split}

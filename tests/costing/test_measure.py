@@ -1,0 +1,385 @@
+"""The profiler: real (tiny) tuning, reuse, broken kernels, time budget, RPC on loopback."""
+
+import logging
+import math
+import os
+import time
+
+import numpy as np
+import pytest
+import tvm
+import tvm_ffi
+from tvm import relax
+from tvm.s_tir import meta_schedule as ms
+from tvm.script import tirx as T
+from tvm.support.popen_pool import PopenWorker
+
+from korch_tvm.backend.cpu_schedule import default_schedules
+from korch_tvm.backend.target import parse_target
+from korch_tvm.costing.measure import (FAILED_ATTEMPTS_KEPT, KernelCost, profile_kernels,
+                                       rpc_runner, tune_kernels, tuned_trials)
+from korch_tvm.costing.pooled_builder import PooledBuilder
+from korch_tvm.costing.tuning_log import TuningLog
+
+TARGET = parse_target({"kind": "llvm", "num-cores": 2})
+
+
+def legalized_kernels(size: int = 32) -> dict[str, tvm.IRModule]:
+    """matmul and add of `size`x`size` matrices, each a standalone `main` PrimFunc."""
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((size, size), "float32"))
+    w = relax.Var("w", relax.TensorType((size, size), "float32"))
+    with bb.function("main", [x, w]):
+        with bb.dataflow():
+            m = bb.emit(relax.op.matmul(x, w))
+            out = bb.emit_output(bb.emit(relax.op.add(m, w)))
+        bb.emit_func_output(out)
+    mod = relax.transform.LegalizeOps()(bb.get())
+    return {gv.name_hint: tvm.IRModule({"main": f.with_attr("global_symbol", "main")})
+            for gv, f in mod.functions_items() if isinstance(f, tvm.tirx.PrimFunc)}
+
+
+@T.prim_func(s_tir=True)
+def _calls_missing_symbol(A: T.Buffer((16,), "float32"), B: T.Buffer((16,), "float32")):
+    for i in range(16):
+        with T.sblock("B"):
+            vi = T.axis.spatial(16, i)
+            B[vi] = T.call_extern("float32", "korch_no_such_symbol", A[vi])
+
+
+BROKEN = tvm.IRModule({"main": _calls_missing_symbol.with_attr("global_symbol", "main")})
+
+
+def test_tiny_tuning_then_rerun_does_zero_trials(tmp_path, capfd, caplog):
+    kernels = legalized_kernels()
+    log = TuningLog(tmp_path, TARGET)
+    start = time.perf_counter()
+    with caplog.at_level(logging.INFO, logger="korch_tvm.metaschedule"):
+        costs = profile_kernels(kernels, TARGET, log, trials=8, progress=False)
+    first_run = time.perf_counter() - start
+    assert set(costs) == {"matmul", "add"}
+    # the budget is split by default-schedule time; the matmul is the slower kernel
+    assert costs["matmul"].source == "tuned" and 0 < costs["matmul"].seconds < 1e-2
+    assert 4 <= costs["matmul"].trials
+    assert sum(c.trials for c in costs.values() if c.source == "tuned") <= 8 + 2  # batch overshoot
+    for name, cost in costs.items():
+        assert cost.seconds == log.best_seconds(kernels[name])
+    # MetaSchedule's chatter went to the korch_tvm.metaschedule logger, not to the terminal
+    assert any(r.name == "korch_tvm.metaschedule" for r in caplog.records)
+    captured = capfd.readouterr()
+    assert "TaskScheduler" not in captured.out + captured.err
+    assert "Sending" not in captured.out + captured.err
+
+    again = profile_kernels(kernels, TARGET, TuningLog(tmp_path, TARGET), trials=8, progress=False)
+    assert all(c.source == "log" and c.trials == 0 for c in again.values())
+    assert {n: c.seconds for n, c in again.items()} == {n: c.seconds for n, c in costs.items()}
+    print(f"tuning: {sum(c.trials for c in costs.values())} trials in {first_run:.1f}s")
+
+
+def test_broken_kernel_costs_infinity_and_never_crashes(tmp_path, caplog):
+    kernels = {"broken": BROKEN, "add": legalized_kernels(16)["add"]}
+    log = TuningLog(tmp_path, TARGET)
+    with caplog.at_level(logging.WARNING, logger="korch_tvm.profiler"):
+        costs = profile_kernels(kernels, TARGET, log, trials=0, progress=False)
+    assert costs["broken"].source == "failed" and math.isinf(costs["broken"].seconds)
+    assert "run failed" in costs["broken"].error
+    assert any("broken" in r.getMessage() for r in caplog.records)
+    assert costs["add"].source == "measured" and math.isfinite(costs["add"].seconds)
+    # one failure may be a fluke: the next run measures it again. (A kernel that calls a
+    # function by name is refused when a log is read, trace_policy.py, so the retries are
+    # shown on a kernel the log keeps, whose runs failed.)
+    kernel = legalized_kernels(16)["matmul"]
+    failing = TuningLog(tmp_path / "failing", TARGET)
+    failing.commit_run(kernel, None)
+    assert FAILED_ATTEMPTS_KEPT == 2
+    retried = profile_kernels({"matmul": kernel}, TARGET, failing, trials=0, progress=False)
+    assert retried["matmul"].source == "measured"  # it ran this time
+    failing = TuningLog(tmp_path / "settled", TARGET)
+    for _ in range(FAILED_ATTEMPTS_KEPT):
+        failing.commit_run(kernel, None)
+    # then it is settled: a further run, even one asked to tune, does no work for it
+    again = profile_kernels({"matmul": kernel}, TARGET, TuningLog(tmp_path / "settled", TARGET),
+                            trials=4, progress=False)
+    assert again["matmul"] == KernelCost(math.inf, "log", 0, "every logged measurement failed")
+    assert TuningLog(tmp_path / "settled", TARGET).record_count(kernel) == 2
+
+
+def test_a_retried_kernel_that_succeeds_keeps_its_measured_default(tmp_path):
+    kernel = legalized_kernels(16)["add"]
+    log = TuningLog(tmp_path, TARGET)
+    log.commit_run(kernel, None)  # an earlier run failed (say, a busy machine)
+    costs = profile_kernels({"add": kernel}, TARGET, log, trials=0, progress=False)
+    assert costs["add"].source == "measured" and math.isfinite(costs["add"].seconds)
+    assert log.default_seconds(kernel) == pytest.approx(costs["add"].seconds)
+
+
+def test_zero_trials_measures_default_schedule_once(tmp_path, capsys):
+    kernels = legalized_kernels(16)
+    kernels["add_again"] = kernels["add"]  # structurally identical: measured once, shared
+    log = TuningLog(tmp_path, TARGET)
+    costs = profile_kernels(kernels, TARGET, log, trials=0, progress=True)
+    assert [c.source for c in costs.values()] == ["measured"] * 3
+    assert all(c.trials == 1 and 0 < c.seconds < 1e-2 for c in costs.values())
+    assert costs["add_again"] is costs["add"]
+    assert "kernels 2/2" in capsys.readouterr().err
+    # recorded as tuning records stock MetaSchedule can use: one per default schedule (these
+    # small kernels have no variants), the fastest first
+    stock = ms.database.JSONDatabase(work_dir=log.directory)
+    schedules = sum(len(default_schedules(kernels[name], TARGET)) for name in ("add", "matmul"))
+    assert len(stock.get_all_tuning_records()) == schedules == 2
+    assert log.default_seconds(kernels["matmul"]) == pytest.approx(costs["matmul"].seconds)
+    record = stock.query_tuning_record(kernels["matmul"], TARGET, "main")
+    samples = [float(s) for s in record.run_secs]
+    assert len(samples) == 3  # three cold calls, timed one by one
+    assert np.median(samples) == pytest.approx(costs["matmul"].seconds, rel=1e-5)
+    again = profile_kernels(kernels, TARGET, TuningLog(tmp_path, TARGET), trials=0, progress=False)
+    assert all(c.source == "log" and c.trials == 0 for c in again.values())
+
+
+def split_trace(kernel: tvm.IRModule, factor: int):
+    """A schedule of its own: the first loop split by `factor`."""
+    schedule = tvm.s_tir.Schedule(kernel)
+    block = schedule.get_child_blocks(schedule.get_sblock("root"))[0]
+    schedule.split(schedule.get_loops(block)[0], [None, factor])
+    return schedule.trace
+
+
+def test_a_large_kernel_keeps_its_fastest_default_schedule_and_no_trials_are_counted(tmp_path):
+    """A 256x256 matmul has three default schedules: all are logged, the fastest first, its
+    cost is the fastest's, and none of them counts as a tuning trial."""
+    kernel = legalized_kernels(256)["matmul"]
+    log = TuningLog(tmp_path, TARGET)
+    cost = profile_kernels({"matmul": kernel}, TARGET, log, trials=0, progress=False)["matmul"]
+    times = [float(np.median([float(s) for s in record.run_secs]))
+             for record in log.database.get_all_tuning_records()]
+    assert len(times) == len(default_schedules(kernel, TARGET)) == 3
+    assert cost.seconds == pytest.approx(min(times), rel=1e-5) == pytest.approx(times[0], rel=1e-5)
+    assert log.default_seconds(kernel) == pytest.approx(cost.seconds, rel=1e-5)
+    assert tuned_trials(log, kernel) == 0
+    for record in log.database.get_all_tuning_records():  # a second compile sharing the log
+        log.commit_run(kernel, [float(s) for s in record.run_secs], trace=record.trace)
+    assert log.record_count(kernel) == 6 and tuned_trials(log, kernel) == 0  # same schedules
+    for factor in (4, 8):  # two records tuned by a korch_tvm that kept no count
+        log.commit_run(kernel, [1e-3] * 3, trace=split_trace(kernel, factor))
+    assert tuned_trials(log, kernel) == 2
+    log.add_tuning_attempts(kernel, 8)  # a round asked 8 trials: the count rules
+    assert tuned_trials(log, kernel) == 8
+
+
+def test_exhausted_time_budget_gives_predictions(tmp_path):
+    kernels = legalized_kernels(16)
+    log = TuningLog(tmp_path, TARGET)
+    log.commit_run(kernels["add"], [3e-6])  # already known: still served from the log
+    fixed = {"matmul": 4.5e-5}
+
+    def stand_in(kernel_mod):
+        assert tvm_ffi.structural_equal(kernel_mod, kernels["matmul"])
+        return fixed["matmul"]
+
+    costs = profile_kernels(kernels, TARGET, log, trials=100, time_budget=0.0,
+                            predictor=stand_in, progress=False)
+    assert costs["matmul"] == KernelCost(4.5e-5, "predicted", 0)
+    assert costs["add"] == KernelCost(pytest.approx(3e-6), "log", 0)
+    assert not log.has_record(kernels["matmul"])  # predictions never enter the log
+    # without a trained model the default predictor is the analytic roofline
+    default = profile_kernels(kernels, TARGET, log, trials=0, time_budget=0.0, progress=False)
+    assert default["matmul"].source == "predicted" and 1e-7 < default["matmul"].seconds < 1e-3
+
+
+@pytest.fixture
+def rpc_tracker_with_two_servers():
+    from tvm import rpc
+    from tvm.rpc.server import Server
+    from tvm.rpc.tracker import Tracker
+
+    tracker = Tracker(host="127.0.0.1", port=19190, port_end=19290, silent=True)
+    servers = [Server(host="127.0.0.1", port=19300, port_end=19400, key="korch-test",
+                      tracker_addr=("127.0.0.1", tracker.port), silent=True) for _ in range(2)]
+    session = rpc.connect_tracker("127.0.0.1", tracker.port)
+    for _ in range(100):  # wait until both servers registered
+        summary = session.summary()
+        if sum(q.get("free", 0) for k, q in summary["queue_info"].items() if k == "korch-test") >= 2:
+            break
+        time.sleep(0.1)
+    yield tracker
+    for server in servers:
+        server.terminate()
+    tracker.terminate()
+
+
+def test_rpc_loopback_matches_local_runner(tmp_path, rpc_tracker_with_two_servers):
+    tracker = rpc_tracker_with_two_servers
+    kernels = {"matmul": legalized_kernels(16)["matmul"]}  # one kernel keeps this test short
+    local_log = TuningLog(tmp_path / "local", TARGET)
+    local = profile_kernels(kernels, TARGET, local_log, trials=0, progress=False)
+    remote_log = TuningLog(tmp_path / "rpc", TARGET)
+    runner = rpc_runner("127.0.0.1", tracker.port, "korch-test", max_workers=2)
+    remote = profile_kernels(kernels, TARGET, remote_log, trials=4, runner=runner, progress=False)
+    assert all(c.source == "tuned" and math.isfinite(c.seconds) for c in remote.values())
+    assert all(remote_log.record_count(kernels[name]) >= 2 for name in kernels)
+    # the same workloads were recorded, and the times agree to within machine noise
+    assert {k.kernel.script() for k in remote_log.kernels()} == \
+        {k.kernel.script() for k in local_log.kernels()}
+    for name in kernels:
+        assert 0.05 < remote[name].seconds / local[name].seconds < 5
+
+
+def test_trials_go_where_the_time_goes():
+    from korch_tvm.costing.measure import allocate_trials
+
+    shares = {"conv": 6.0, "matmul": 3.0, "add": 0.5, "relu": 0.5}
+    allocation = allocate_trials(shares, 64)
+    assert allocation == {"conv": 36, "matmul": 16, "add": 4, "relu": 4}
+    assert sum(allocation.values()) <= 64
+    assert allocate_trials(shares, 3) == {name: 0 for name in shares}     # below one task's worth
+    assert allocate_trials({"a": 1.0, "b": 1.0}, 4) == {"a": 4, "b": 0}    # ties by name
+    assert allocate_trials({"a": float("inf"), "b": 1.0}, 8) == {"a": 0, "b": 8}
+
+
+def test_a_kernel_whose_search_runs_out_is_not_searched_again(tmp_path):
+    """A tiny elementwise kernel has only a few distinct schedules: MetaSchedule returns far
+    fewer records than the trials asked. The trials asked still count, so a re-run tunes
+    nothing (it used to search again on every compile)."""
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((4,), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            out = bb.emit_output(bb.emit(relax.op.add(x, x)))
+        bb.emit_func_output(out)
+    legal = relax.transform.LegalizeOps()(bb.get())
+    kernel = next(tvm.IRModule({"main": f.with_attr("global_symbol", "main")})
+                  for _, f in legal.functions_items() if isinstance(f, tvm.tirx.PrimFunc))
+    log = TuningLog(tmp_path, TARGET)
+    log.commit_run(kernel, [1e-6])   # its default-schedule measurement
+    first = tune_kernels({"add": kernel}, {"add": 32}, TARGET, log, progress=False)
+    records = log.record_count(kernel)
+    assert first["add"].source == "tuned" and 1 + first["add"].trials == records
+    assert records - 1 < 32 // 2, records   # the search ran out well short of the budget
+    assert log.tuning_attempts(kernel) == 32
+    again = TuningLog(tmp_path, TARGET)
+    assert tune_kernels({"add": kernel}, {"add": 32}, TARGET, again, progress=False) == {}
+    assert again.record_count(kernel) == records
+
+
+def test_tuning_stopped_by_the_time_budget_says_what_is_left(tmp_path, caplog):
+    kernels = legalized_kernels(16)
+    log = TuningLog(tmp_path, TARGET)
+    with caplog.at_level("WARNING", logger="korch_tvm.profiler"):
+        tuned = tune_kernels(kernels, dict.fromkeys(kernels, 64), TARGET, log, time_budget=0.0,
+                             progress=False)
+    assert tuned == {} and log.tuning_attempts(kernels["matmul"]) == 0
+    assert f"time budget reached: {len(kernels)} kernel(s) keep their default schedule" \
+        in caplog.text
+
+
+def test_pooled_builder_keeps_its_workers_between_builds(monkeypatch):
+    """Costing builds in many small calls; the workers start once, not once per call."""
+    started = []
+    original = PopenWorker._start
+    monkeypatch.setattr(PopenWorker, "_start", lambda self: started.append(1) or original(self))
+    inputs = [ms.builder.BuilderInput(mod, TARGET) for mod in legalized_kernels().values()]
+    with PooledBuilder(TARGET, max_workers=2) as builder:
+        for _ in range(3):
+            results = builder.build(inputs)
+            assert [r.error_msg for r in results] == [None, None]
+            assert all(os.path.exists(r.artifact_path) for r in results)
+    assert 1 <= len(started) <= 2
+
+
+def test_pooled_builder_reports_a_build_past_its_time_out():
+    with PooledBuilder(TARGET, max_workers=1, timeout_sec=1e-3) as builder:
+        (result,) = builder.build([ms.builder.BuilderInput(legalized_kernels()["matmul"], TARGET)])
+    assert result.artifact_path is None and "timed out" in result.error_msg
+
+
+def test_trials_of_kernels_the_log_covers_go_to_the_others():
+    """The other path tuned `conv` already: its 36 trials go, by share, to the kernels that
+    still need tuning; a kernel whose share earned nothing earns nothing; once all are tuned
+    the same budget allocates nothing new (each holds at least half its allocation)."""
+    from korch_tvm.costing.measure import allocate_new_trials, allocate_trials
+
+    shares = {"conv": 6.0, "matmul": 3.0, "add": 0.5, "relu": 0.5, "tiny": 0.01}
+    first = allocate_trials(shares, 56)
+    assert first == {"conv": 32, "matmul": 16, "add": 4, "relu": 4, "tiny": 0}
+    moved = allocate_new_trials(shares, 56, lambda name: 40 if name == "conv" else 0)
+    assert moved == {"conv": 32, "matmul": 16 + 24, "add": 4 + 4, "relu": 4 + 4, "tiny": 0}
+    assert sum(moved.values()) - moved["conv"] <= 56
+    assert allocate_new_trials(shares, 56, lambda name: 0) == first
+    # a second compile after tuning each kernel to `moved`: every kernel covered, nothing moves
+    assert allocate_new_trials(shares, 56, moved.__getitem__) == first
+    assert all(moved[name] * 2 >= trials for name, trials in first.items())
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_progress_moves_per_measurement_with_an_eta_from_the_measurements_so_far():
+    import io
+
+    from korch_tvm.costing.measure import _Progress
+
+    clock, stream = FakeClock(), io.StringIO()
+    bar = _Progress(10, True, stream=stream, clock=clock)
+    bar.skip(4, "log")  # answered by the log: no work, no rate yet
+    assert bar.eta_seconds() is None
+    assert stream.getvalue().endswith("[korch] log      kernels 4/10  elapsed 0.0s  ETA -- ")
+    clock.now += 3.0
+    bar.tick(1, "measure")  # one measurement took 3 s; 5 are left
+    assert bar.eta_seconds() == pytest.approx(15.0)
+    clock.now += 3.0
+    bar.tick(1)
+    assert bar.line() == "[korch] measure  kernels 6/10  elapsed 6.0s  ETA 12.0s"
+    clock.now += 200.0
+    bar.tick(1)
+    assert bar.line() == "[korch] measure  kernels 7/10  elapsed 3m26s  ETA 3m26s"  # 206 s / 3 x 3
+    assert "nan" not in stream.getvalue() and stream.getvalue().count("\r") == 4
+    trials = _Progress(64, True, unit="trials", stream=io.StringIO(), clock=clock)
+    trials.tick(16, "tune", kernels=1)
+    assert trials.line() == "[korch] tune     trials 16/64  kernels 1  elapsed 0.0s  ETA 0.0s"
+
+
+def test_progress_is_silent_off_a_terminal_unless_asked():
+    import io
+
+    from korch_tvm.costing.measure import _Progress
+
+    quiet = io.StringIO()
+    bar = _Progress(2, None, stream=quiet)  # a StringIO is no terminal
+    bar.tick(1, "measure")
+    bar.close()
+    assert quiet.getvalue() == "" and not bar.enabled
+    asked = io.StringIO()
+    _Progress(2, True, stream=asked).tick(1, "measure")
+    assert "kernels 1/2" in asked.getvalue()
+
+
+def test_an_implausible_logged_time_is_measured_again_before_it_is_used(tmp_path, caplog):
+    """A 16x16 add logged at 1000x its time (a stalled run) is measured again: the cost comes
+    from the new measurement and the stalled record is set aside. A time measured twice is
+    trusted, however slow."""
+    kernel = legalized_kernels(16)["add"]
+    log = TuningLog(tmp_path / "a", TARGET)
+    real = profile_kernels({"add": kernel}, TARGET, log, trials=0, progress=False)["add"]
+    stalled = TuningLog(tmp_path / "b", TARGET)
+    stalled.commit_run(kernel, [real.seconds * 1000] * 3,
+                       trace=log.best_record(kernel).trace)
+    with caplog.at_level(logging.WARNING, logger="korch_tvm.profiler"):
+        cost = profile_kernels({"add": kernel}, TARGET, stalled, trials=0, progress=False)["add"]
+    assert cost.rechecked and cost.source == "measured"
+    assert cost.seconds < real.seconds * 1000 / 50  # the re-measurement, not the stalled run
+    assert cost.seconds == stalled.best_seconds(kernel) and stalled.record_count(kernel) == 1
+    assert "implausible for its size and was measured again" in caplog.text
+    again = profile_kernels({"add": kernel}, TARGET, TuningLog(tmp_path / "b", TARGET),
+                            trials=0, progress=False)["add"]
+    assert again.source == "log" and not again.rechecked
+    confirmed = TuningLog(tmp_path / "c", TARGET)
+    for _ in range(2):
+        confirmed.commit_run(kernel, [real.seconds * 1000] * 3,
+                             trace=log.best_record(kernel).trace)
+    slow = profile_kernels({"add": kernel}, TARGET, confirmed, trials=0, progress=False)["add"]
+    assert slow.source == "log" and slow.seconds == pytest.approx(real.seconds * 1000)
