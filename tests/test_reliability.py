@@ -22,6 +22,7 @@ from tvm import relax
 from conftest import MODELS, make_tiny_onnx
 from korch_tvm.config import KorchConfig
 from korch_tvm.errors import KorchError
+from korch_tvm.kernels.fused import build_partition_module
 from korch_tvm.tools import cli
 
 PACKAGE = pathlib.Path(__file__).resolve().parents[1] / "python" / "korch_tvm"
@@ -307,7 +308,7 @@ def test_solver_time_limit_reports_status_and_keeps_a_valid_plan():
     text = "\n".join(explain_lines(explanation))
     assert "solver: time_limit" in text and ": time_limit, gap" in text
     assert explanation["modelled_ms"] <= explanation["stock_modelled_ms"] + 1e-9
-    plan.graph.build_partition_module(plan.chosen_groups)  # the best plan so far is valid
+    build_partition_module(plan.graph, plan.chosen_groups)  # the best plan so far is valid
 
 
 # ----------------------------------------------------------------------------- verification

@@ -8,6 +8,7 @@ from tvm.script import relax as R
 
 from korch_tvm.errors import KorchError
 from korch_tvm.graph.primitive_graph import PrimitiveGraph
+from korch_tvm.kernels.fused import build_partition_module
 from korch_tvm.lowering.fission import PrimitiveLowering
 
 SEQ, HIDDEN = 4, 8
@@ -126,12 +127,12 @@ def test_identity_stock_and_overlapping_partitions_round_trip(block_graph):
         if graph.is_convex(graph.mask(stock[0] | stock[1])) else stock
     overlapping = [sorted(g) for g in stock] + [sorted(stock[1] | stock[2])]
     for plan in (identity, stock, merged, overlapping):
-        built = graph.build_partition_module(plan)
+        built = build_partition_module(graph, plan)
         names = {gv.name_hint for gv, f in built.functions_items()
                  if isinstance(f, tvm.tirx.PrimFunc)}
         assert names <= {f"korch_k{g}" for g in range(len(plan))}
         assert_same_outputs(built, original, [x])
-    assert len([f for _, f in graph.build_partition_module(stock).functions_items()
+    assert len([f for _, f in build_partition_module(graph, stock).functions_items()
                 if isinstance(f, tvm.tirx.PrimFunc)]) == len(stock)
 
 
@@ -148,12 +149,12 @@ def test_tuple_outputs_opaque_bindings_and_multi_output_groups():
     plans = [[[i] for i in range(len(graph))], graph.stock_fusion_groups(),
              [ids[0:4], ids[2:6], [ids[6]], ids[7:9]]]  # {a,b,s,c} exports a (output) and c
     for plan in plans:
-        assert_same_outputs(graph.build_partition_module(plan), TupleAndOpaque, inputs)
+        assert_same_outputs(build_partition_module(graph, plan), TupleAndOpaque, inputs)
     with pytest.raises(ValueError, match="opaque"):
-        graph.build_partition_module([ids[5:8], ids[:5], ids[8:]])
+        build_partition_module(graph, [ids[5:8], ids[:5], ids[8:]])
     with pytest.raises(ValueError, match="convex"):
         rest = [[i] for i in ids if i not in (ids[2], ids[5])]
-        graph.build_partition_module([[ids[2], ids[5]]] + rest)
+        build_partition_module(graph, [[ids[2], ids[5]]] + rest)
 
 
 def test_several_blocks_are_rejected():

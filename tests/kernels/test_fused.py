@@ -10,8 +10,9 @@ from tvm.s_tir.meta_schedule.tune_context import _normalize_mod
 from korch_tvm.backend.rewrite import share_identical_kernels
 from korch_tvm.candidates.enumerate import KernelRules, enumerate_candidates
 from korch_tvm.graph.primitive_graph import PrimitiveGraph
-from korch_tvm.kernels.fused import (_remap, candidate_io, candidate_kernel, canonical_prim_func,
-                                     distinct_kernels, kernel_module, structural_key)
+from korch_tvm.kernels.fused import (build_partition_module, _remap, candidate_io,
+                                     candidate_kernel, canonical_prim_func, distinct_kernels,
+                                     kernel_module, structural_key)
 from test_primitive_graph import SEQ, HIDDEN, assert_same_outputs, transformer_module
 
 
@@ -81,7 +82,7 @@ def test_standalone_kernels_compute_the_model_slice(two_layers):
 def test_partition_kernels_have_the_candidate_keys(two_layers):
     graph, candidates, kernels = two_layers
     stock = list(graph.stock_fusion_groups())
-    built = graph.build_partition_module(stock)
+    built = build_partition_module(graph, stock)
     key_of = dict(zip((c.nodes for c in candidates), kernels.keys))
     for g, group in enumerate(stock):
         func = built[f"korch_k{g}"]
@@ -93,7 +94,7 @@ def test_identical_kernels_share_one_primfunc(two_layers):
     first's (their weights differ, but they are call arguments): one PrimFunc is kept for
     each distinct kernel, every call goes to it, and the module computes the same."""
     graph, _, _ = two_layers
-    built = graph.build_partition_module(list(graph.stock_fusion_groups()))
+    built = build_partition_module(graph, list(graph.stock_fusion_groups()))
     shared = share_identical_kernels(built)
 
     def kernels(mod):

@@ -14,8 +14,8 @@ from korch_tvm.candidates.enumerate import KernelRules, enumerate_candidates
 from korch_tvm.config import KorchConfig
 from korch_tvm.frontend.onnx_import import import_onnx
 from korch_tvm.graph.primitive_graph import PrimitiveGraph
-from korch_tvm.kernels.fused import (canonical_prim_func, distinct_kernels, kernel_module,
-                                     structural_key)
+from korch_tvm.kernels.fused import (build_partition_module, canonical_prim_func, distinct_kernels,
+                                     kernel_module, structural_key)
 from korch_tvm.kernels.weight_packing import (LAYOUT_FREE_ATTR, PREPACK_SUFFIX,
                                               layout_free_indices, mark_layout_free_weights)
 from korch_tvm.lowering.fission import lower_to_primitives
@@ -72,7 +72,7 @@ def test_constant_weights_are_layout_free_in_stock_and_korch_kernels():
             assert index < len(func.params) - 1
     # the kernels of the rebuilt model carry the same attribute as the standalone ones (same key)
     stock_groups = [c.nodes for c in candidates if c.is_stock]
-    rebuilt = canonicalize_kernels(graph.build_partition_module(stock_groups))
+    rebuilt = canonicalize_kernels(build_partition_module(graph, stock_groups))
     for name, func in prim_funcs(rebuilt).items():
         assert structural_key(kernel_module(func)) in kernels.modules, name
 

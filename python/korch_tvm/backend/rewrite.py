@@ -14,7 +14,8 @@ from collections.abc import Iterable, Sequence
 import tvm
 from tvm import relax
 
-from ..kernels.fused import canonical_prim_func, is_scheduled, structurally_equal_groups
+from ..kernels.fused import (build_partition_module, canonical_prim_func, is_scheduled,
+                             structurally_equal_groups)
 from ..kernels.weight_packing import (mark_layout_free_weights, pack_constant_weights,
                                       redirect_calls)
 from . import cpu_schedule
@@ -48,7 +49,7 @@ def rewrite_with_plan(graph, chosen_groups: Sequence[Iterable[int]], database, t
                       ) -> tvm.IRModule:
     """`main` rebuilt from the chosen node groups (in execution order), with schedules applied."""
     return share_identical_kernels(
-        apply_tuning_log(graph.build_partition_module(chosen_groups), database, target))
+        apply_tuning_log(build_partition_module(graph, chosen_groups), database, target))
 
 
 def share_identical_kernels(mod: tvm.IRModule) -> tvm.IRModule:

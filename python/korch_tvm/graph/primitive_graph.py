@@ -4,7 +4,7 @@
 block in ``main``). It records each binding's Relax op name and kind *before* legalization, then
 runs LegalizeOps + AnnotateTIROpPattern and gives every ``call_tir`` binding its own PrimFunc, so
 that a node is one ``call_tir`` binding of the kept ``legalized`` module and any set of nodes can
-be turned into a fused kernel (`build_partition_module`).
+be turned into a fused kernel (`kernels.fused.build_partition_module`).
 
 Bindings that are not ``call_tir`` after legalization are handled so:
 
@@ -201,13 +201,6 @@ class PrimitiveGraph:
                 seen |= group
         groups += [frozenset([n.index]) for n in self.nodes if n.index not in seen]
         return tuple(sorted(groups, key=min))
-
-    # ----------------------------------------------------------------- rebuilding
-    def build_partition_module(self, groups: Sequence[Iterable[int]]) -> tvm.IRModule:
-        """Relax module computing `main` with each group as one fused kernel `korch_k<g>`."""
-        from ..kernels.fused import build_partition_module  # kernels/fused.py owns fused-module building
-
-        return build_partition_module(self, groups)
 
 
 # --------------------------------------------------------------------- helpers

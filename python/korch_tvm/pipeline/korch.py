@@ -34,7 +34,7 @@ from ..costing.measure import KernelCost
 from ..costing.pooled_builder import PooledBuilder
 from ..errors import KorchError, error_summary
 from ..graph.primitive_graph import PrimitiveGraph
-from ..kernels.fused import distinct_kernels, structural_key
+from ..kernels.fused import build_partition_module, distinct_kernels, structural_key
 from ..kernels.kinds import kernel_kind, module_kernel_kinds, plan_kind_times
 from ..layout.activations import LAYOUTS, best_layout, plan_layouts
 from ..layout.regions import (MIXED, cheapest_layouts, region_module, split_regions,
@@ -503,7 +503,7 @@ def rewrite_plan(plan: KorchPlan):
                                              for kernel in report["plan"]["kernels"])
     # kinds are read from the kernels as written: scheduling (inlined padding, dropped unit
     # loops) hides the convolution windows they are told apart by
-    unscheduled = plan.graph.build_partition_module(plan.chosen_groups)
+    unscheduled = build_partition_module(plan.graph, plan.chosen_groups)
     report["kind_ms"] = plan_kind_times(unscheduled, report["plan"])  # conv 1x1 / matmul / ...
     report["kernel_kinds"] = module_kernel_kinds(unscheduled)
     return optimized, report
