@@ -14,7 +14,8 @@ from tvm import relax
 from tvm.s_tir import meta_schedule as ms
 
 from korch_tvm.backend.target import parse_target, target_tag
-from korch_tvm.costing.tuning_log import RECORD_FILE, WORKLOAD_FILE, TuningLog, log_stats
+from korch_tvm.costing.log_stats import log_stats
+from korch_tvm.costing.tuning_log import RECORD_FILE, WORKLOAD_FILE, TuningLog
 
 TARGET = parse_target({"kind": "llvm", "mcpu": "generic", "num-cores": 2})
 

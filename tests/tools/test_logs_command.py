@@ -8,7 +8,8 @@ import sys
 import pytest
 
 from korch_tvm.backend.target import parse_target, target_tag
-from korch_tvm.costing.tuning_log import RECORD_FILE, TuningLog, merge_log_directory
+from korch_tvm.costing.log_merge import merge_log_directory
+from korch_tvm.costing.tuning_log import RECORD_FILE, TuningLog
 
 sys.path.insert(0, os.path.dirname(__file__))
 from test_tuning_log import small_kernels  # noqa: E402

@@ -16,7 +16,7 @@ opens its log `<root>/<tag>` and finds no records in it:
   tag is used as a cost without being measured here. Which seed a log took is remembered in
   the log (`SEED_FILE`), so later compiles keep using it once the log has records of its own.
 
-A foreign log is read through a validating merge (`tuning_log.merge_log_directory`) into a
+A foreign log is read through a validating merge (`log_merge.merge_log_directory`) into a
 private copy (`<log>/.seeds/<tag>`, or a temporary directory when the log is read-only): it is
 untrusted data, and the seed root itself is never written.
 """
@@ -201,7 +201,7 @@ def seed_log(tuning_log: TuningLog, roots: Sequence[str] | None = None) -> Seed 
 
 def _merge_same_tag(source: str, tuning_log: TuningLog) -> None:
     """Merge a seed of this very tag into the log, with its cost model when the log has none."""
-    from .tuning_log import merge_log_directory
+    from .log_merge import merge_log_directory
 
     counts = merge_log_directory(source, tuning_log.directory)
     for name in COST_MODEL_FILES:
@@ -261,7 +261,8 @@ def _private_copy(directory: str, tag: str, tuning_log: TuningLog, state: list) 
     """The seed read through a validating merge into a copy of its own: kept in the log's
     SEED_COPIES while the seed's files stay as they were (merging takes seconds, reading the
     copy one), else in a temporary directory."""
-    from .tuning_log import TuningLog, merge_log_directory
+    from .log_merge import merge_log_directory
+    from .tuning_log import TuningLog
 
     target = tag_target(tag)
     holder = None

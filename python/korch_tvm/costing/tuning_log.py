@@ -358,7 +358,6 @@ def record_refusal(record) -> str | None:
     return None
 
 
-
 def check_times(run_secs) -> None:
     """Refuse samples no measurement yields: not finite, not positive, or a time below
     `IMPLAUSIBLE_SECONDS` (a record that would make its kernel look free)."""
@@ -964,15 +963,3 @@ class _LogDatabase(PyDatabase):
         return self._log._table.size()
 
 
-def log_stats(root_dir: str | os.PathLike) -> dict[str, dict]:
-    """Per tag directory: counts and best times (see logs_command, which computes them)."""
-    from ..tools.logs_command import log_stats as stats
-
-    return stats(root_dir)
-
-
-def merge_log_directory(source: str, destination: str) -> dict:
-    """Merge the tag directory `source` into the tag directory `destination` (see log_merge)."""
-    from .log_merge import merge_log_directory as merge
-
-    return merge(source, destination)

@@ -13,9 +13,9 @@ from __future__ import annotations
 import json
 import math
 import os
-import statistics
 import sys
 
+from ..costing.log_stats import log_stats, log_tags, read_log_lines
 from ..errors import KorchError
 
 
@@ -57,96 +57,6 @@ def run(args) -> int:
 
 
 # ---- --stats --------------------------------------------------------------------------------
-def log_stats(root_dir) -> dict[str, dict]:
-    """Per tag directory: workload and record counts and a summary of best times.
-
-    Reads the JSON lines only (no TVM parsing, no cleaning), so it is fast and never writes.
-    """
-    root = os.fspath(root_dir)
-    if not os.path.isdir(root):
-        return {}
-    return {tag: _directory_stats(os.path.join(root, tag)) for tag in _tags(root)}
-
-
-def _tags(root: str) -> list[str]:
-    from ..costing.tuning_log import WORKLOAD_FILE
-
-    return [tag for tag in sorted(os.listdir(root))
-            if os.path.isfile(os.path.join(root, tag, WORKLOAD_FILE))]
-
-
-def _directory_stats(directory: str) -> dict:
-    from ..costing.trace_policy import Refused, check_workload
-    from ..costing.tuning_log import (RECORD_FILE, REJECTED_SUFFIX, WORKLOAD_FILE, _timed_warm,
-                                      record_refusal, record_seconds)
-
-    corrupt = refused = 0
-    workload_hash = {}
-    for line_no, line in enumerate(_read_lines(os.path.join(directory, WORKLOAD_FILE))):
-        try:
-            value = json.loads(line)
-            check_workload(value)
-            workload_hash[line_no] = value[0]
-        except Refused:
-            refused += 1
-        except (ValueError, IndexError, TypeError):
-            corrupt += 1
-    best: dict[str, float] = {}
-    schedules: dict[str, set[str]] = {}  # successful schedules per workload
-    records = failed = warm_timed = 0
-    cpu = os.path.basename(directory).startswith("llvm")  # the tag names the target kind
-    for line in _read_lines(os.path.join(directory, RECORD_FILE)):
-        try:
-            index, record = json.loads(line)
-            key = workload_hash.get(index)
-            problem = record_refusal(record) if key is not None else "its workload"
-        except (ValueError, IndexError, TypeError, KeyError):
-            corrupt += 1
-            continue
-        if problem is not None:
-            refused += 1
-            continue
-        seconds = record_seconds(record[1])
-        records += 1
-        failed += math.isinf(seconds)
-        warm_timed += _timed_warm(cpu, seconds, len(record[1] or []))
-        best[key] = min(best.get(key, math.inf), seconds)
-        if math.isfinite(seconds):
-            schedules.setdefault(key, set()).add(json.dumps(record[0]))
-    finite = sorted(s for s in best.values() if math.isfinite(s))
-    return {
-        "workloads": len(set(workload_hash.values())),
-        "records": records,
-        "failed_records": failed,
-        "refused_records": refused,  # lines a compile would refuse (trace_policy, times)
-        "set_aside_records": len(_read_lines(os.path.join(directory,
-                                                          RECORD_FILE + REJECTED_SUFFIX))),
-        "warm_timed_records": warm_timed,  # see TuningLog.warm_timed_records
-        "corrupt_lines": corrupt,
-        "workloads_with_records": len(best),
-        # with a successful schedule besides the default one measured first: searched
-        "tuned_workloads": sum(len(found) > 1 for found in schedules.values()),
-        "best_seconds": {
-            "min": finite[0] if finite else None,
-            "median": statistics.median(finite) if finite else None,
-            "max": finite[-1] if finite else None,
-            "total": sum(finite),
-        },
-    }
-
-
-def _read_lines(path: str) -> list[bytes]:
-    try:
-        with open(path, "rb") as file:
-            return file.read().splitlines()
-    except FileNotFoundError:
-        return []
-    except OSError as err:
-        from ..errors import EnvironmentFault
-
-        raise EnvironmentFault(f"cannot read the tuning log {path}: {err.strerror}") from None
-
-
 _COLUMNS = [("tag", None), ("workloads", "workloads"), ("records", "records"),
             ("failed", "failed_records"), ("refused", "refused_records"),
             ("set aside", "set_aside_records"), ("tuned", "tuned_workloads")]
@@ -185,7 +95,7 @@ def _check(args) -> int:
     target = parse_target(args.target or "llvm")
     tag = target_tag(target)
     refused = {}
-    for name in _tags(args.directory):
+    for name in log_tags(args.directory):
         before = _reasons(args.directory, name)
         TuningLog(args.directory, target if name == tag else target_of_tag(name), tag=name)
         refused[name] = _reasons(args.directory, name) - before
@@ -202,7 +112,7 @@ def _check(args) -> int:
 def _reasons(root: str, tag: str) -> int:
     from ..costing.tuning_log import REASONS_SUFFIX, RECORD_FILE, WORKLOAD_FILE
 
-    return sum(len(_read_lines(os.path.join(root, tag, name + REASONS_SUFFIX)))
+    return sum(len(read_log_lines(os.path.join(root, tag, name + REASONS_SUFFIX)))
                for name in (RECORD_FILE, WORKLOAD_FILE))
 
 
@@ -240,13 +150,13 @@ def _check_records(log) -> tuple[int, int]:
 # ---- --merge and --train --------------------------------------------------------------------
 def _merge(args) -> int:
     from ..backend.target import inside_root, parse_target, target_tag
-    from ..costing.tuning_log import merge_log_directory
+    from ..costing.log_merge import merge_log_directory
 
     source = args.merge
     if not os.path.isdir(source):
         raise KorchError(f"tuning-log directory '{source}' to merge from does not exist")
-    tags = [target_tag(parse_target(args.target))] if args.target else _tags(source)
-    missing = [tag for tag in tags if tag not in _tags(source)]
+    tags = [target_tag(parse_target(args.target))] if args.target else log_tags(source)
+    missing = [tag for tag in tags if tag not in log_tags(source)]
     if missing or not tags:
         raise KorchError(f"no tuning log {' '.join(missing) or '(no tag at all)'} in {source}")
     os.makedirs(args.directory, exist_ok=True)
