@@ -538,7 +538,7 @@ def _worker_compile(task: dict) -> dict:
 
     from ..config import KorchConfig
     from ..pipeline.compile import compile_model
-    from .cli import configure_logging
+    from .common import configure_logging
 
     configure_logging(task.get("verbose", 0), False)
     logging.getLogger("korch_tvm").setLevel(logging.INFO)

@@ -16,26 +16,12 @@ import sys
 from ..config import LAYOUT_CHOICES, MEMORY_LIMITS
 from ..errors import EnvironmentFault, KorchError
 from ..support import interrupts, tvm_output
+from .common import configure_logging, shape_arg
 
 EXIT_ENVIRONMENT = 1
 EXIT_USER_ERROR = 2
 EXIT_INTERNAL_ERROR = 3
 EXIT_INTERRUPTED = 130
-
-
-def _shape_arg(text: str) -> tuple[str, list[int]]:
-    """`name:1x3x224x224` (also `name:1,3,224,224`) -> ("name", [1, 3, 224, 224])."""
-    name, sep, dims = text.rpartition(":")
-    try:
-        if not sep or not name:
-            raise ValueError
-        shape = [int(d) for d in dims.replace(",", "x").split("x") if d]
-        if not shape or min(shape) <= 0:
-            raise ValueError
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"'{text}' is not NAME:DIMS, e.g. input:1x3x224x224") from None
-    return name, shape
 
 
 def _add_common(parser: argparse.ArgumentParser) -> None:
@@ -67,7 +53,7 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--time-budget", type=float, default=None, metavar="SECONDS",
                         help="bound on the costing stage; kernels not costed in time use the "
                              "cost model's prediction")
-    parser.add_argument("--input-shape", type=_shape_arg, action="append", default=[],
+    parser.add_argument("--input-shape", type=shape_arg, action="append", default=[],
                         metavar="NAME:DIMS", help="static shape for a dynamic input, e.g. "
                         "x:1x3x224x224 (repeatable)")
     parser.add_argument("--threads", type=int, default=None,
@@ -169,32 +155,6 @@ def build_parser() -> argparse.ArgumentParser:
         _plugged_module(name).add_arguments(command_parser)
 
     return parser
-
-
-class _StderrHandler(logging.StreamHandler):
-    """Writes to whatever `sys.stderr` is when a record arrives, not the one at set-up time
-    (a stream swapped out and closed since, e.g. by a test harness, would raise on every log)."""
-
-    @property
-    def stream(self):
-        return sys.stderr
-
-    @stream.setter
-    def stream(self, _value):
-        pass
-
-
-def configure_logging(verbose: int, quiet: bool) -> None:
-    level = logging.ERROR if quiet else (logging.DEBUG if verbose else logging.INFO)
-    handler = _StderrHandler()
-    handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
-    root = logging.getLogger("korch_tvm")
-    root.handlers[:] = [handler]
-    root.setLevel(level)
-    root.propagate = False
-    # MetaSchedule logs every batch; keep it out of the terminal unless asked for (-vv).
-    logging.getLogger("korch_tvm.metaschedule").setLevel(
-        logging.DEBUG if verbose >= 2 else logging.WARNING)
 
 
 def _command_compile(args) -> int:

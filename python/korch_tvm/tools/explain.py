@@ -22,7 +22,7 @@ FORMATS = ("text", "json", "html", "dot")
 
 
 def add_arguments(parser) -> None:
-    from .cli import _shape_arg
+    from .common import shape_arg
 
     parser.add_argument("model", help="path to an ONNX model")
     parser.add_argument("--format", choices=FORMATS, default="text",
@@ -46,7 +46,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("--predict-only", action="store_true",
                         help="measure nothing: plan on logged costs and cost-model predictions "
                              "(fast; may differ from the plan a measuring compile picks)")
-    parser.add_argument("--input-shape", type=_shape_arg, action="append", default=[],
+    parser.add_argument("--input-shape", type=shape_arg, action="append", default=[],
                         metavar="NAME:DIMS", help="static shape for a dynamic input (repeatable)")
     parser.add_argument("--threads", type=int, default=None,
                         help="TVM runtime threads for measurements (default: every core)")
