@@ -177,7 +177,8 @@ def test_unknown_memory_limit_is_a_clear_error():
     from korch_tvm.errors import KorchError
     from korch_tvm.pipeline.korch import plan_korch
 
-    with pytest.raises(KorchError, match="unknown memory limit 'tight': choose one of stock, none"):
+    # refused where the config is made, before any planning
+    with pytest.raises(KorchError, match="--memory-limit must be one of stock, none, got 'tight'"):
         plan_korch(None, KorchConfig(memory_limit="tight"))
 
 
