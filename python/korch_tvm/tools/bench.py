@@ -57,6 +57,8 @@ GAP_MS = 300.0
 
 # ----------------------------------------------------------------------------- command line
 def add_arguments(parser) -> None:
+    from .common import add_verbosity
+
     parser.add_argument("model", help="path to an ONNX model")
     parser.add_argument("--target", default="llvm", help="target, as for `compile` (default llvm)")
     parser.add_argument("--tuning-logs", metavar="DIR", default=None,
@@ -117,9 +119,7 @@ def add_arguments(parser) -> None:
                         help="skip the warm re-compiles (time the cold libraries)")
     parser.add_argument("--no-memory", dest="memory", action="store_false",
                         help="skip the inference-memory child processes")
-    verbosity = parser.add_mutually_exclusive_group()
-    verbosity.add_argument("-v", "--verbose", action="count", default=0)
-    verbosity.add_argument("-q", "--quiet", action="store_true")
+    add_verbosity(parser)
 
 
 def run(args) -> int:

@@ -16,7 +16,7 @@ import sys
 from ..config import LAYOUT_CHOICES, MEMORY_LIMITS
 from ..errors import EnvironmentFault, KorchError
 from ..support import interrupts, tvm_output
-from .common import configure_logging, shape_arg
+from .common import add_verbosity, configure_logging, shape_arg
 
 EXIT_ENVIRONMENT = 1
 EXIT_USER_ERROR = 2
@@ -76,10 +76,7 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rpc-tracker", metavar="HOST:PORT", default=None,
                         help="measure kernels through a TVM RPC tracker")
     parser.add_argument("--rpc-key", default=None, help="device key registered at the tracker")
-    verbosity = parser.add_mutually_exclusive_group()
-    verbosity.add_argument("-v", "--verbose", action="count", default=0,
-                           help="more logging (-vv for MetaSchedule's own logs)")
-    verbosity.add_argument("-q", "--quiet", action="store_true", help="only errors")
+    add_verbosity(parser)
 
 
 # Sub-commands that live in their own module: each has `add_arguments(parser)` and

@@ -1,4 +1,4 @@
-"""What every korch-tvm sub-command shares: the NAME:DIMS shape flag and logging to stderr.
+"""What every korch-tvm sub-command shares: the NAME:DIMS shape flag, -v/-q, logging to stderr.
 
 cli.py, explain.py and bench.py all use these; keeping them here lets the sub-commands leave the
 command line's own module alone (nothing imports cli.py).
@@ -24,6 +24,14 @@ def shape_arg(text: str) -> tuple[str, list[int]]:
         raise argparse.ArgumentTypeError(
             f"'{text}' is not NAME:DIMS, e.g. input:1x3x224x224") from None
     return name, shape
+
+
+def add_verbosity(parser: argparse.ArgumentParser,
+                  verbose_help: str = "more logging (-vv for MetaSchedule's own logs)") -> None:
+    """`-v` (repeatable) or `-q`, the same pair on every sub-command."""
+    verbosity = parser.add_mutually_exclusive_group()
+    verbosity.add_argument("-v", "--verbose", action="count", default=0, help=verbose_help)
+    verbosity.add_argument("-q", "--quiet", action="store_true", help="only errors")
 
 
 class _StderrHandler(logging.StreamHandler):

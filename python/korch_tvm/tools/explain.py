@@ -22,7 +22,7 @@ FORMATS = ("text", "json", "html", "dot")
 
 
 def add_arguments(parser) -> None:
-    from .common import shape_arg
+    from .common import add_verbosity, shape_arg
 
     parser.add_argument("model", help="path to an ONNX model")
     parser.add_argument("--format", choices=FORMATS, default="text",
@@ -52,10 +52,7 @@ def add_arguments(parser) -> None:
                         help="TVM runtime threads for measurements (default: every core)")
     parser.add_argument("--solver-time-limit", type=float, default=None, metavar="SECONDS",
                         help="HiGHS time limit per subproblem (default 10)")
-    verbosity = parser.add_mutually_exclusive_group()
-    verbosity.add_argument("-v", "--verbose", action="count", default=0,
-                           help="more logging (-vv for MetaSchedule's own logs)")
-    verbosity.add_argument("-q", "--quiet", action="store_true", help="only errors")
+    add_verbosity(parser)
 
 
 def run(args) -> int:

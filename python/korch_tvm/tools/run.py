@@ -36,6 +36,8 @@ class Parameter:
 
 
 def add_arguments(parser) -> None:
+    from .common import add_verbosity
+
     parser.add_argument("library", metavar="LIB.so", help="a library korch-tvm compile -o wrote")
     parser.add_argument("--inputs", metavar="FILE.npz", default=None,
                         help="inputs by parameter name (numpy .npz); default: random inputs of "
@@ -52,10 +54,7 @@ def add_arguments(parser) -> None:
                         help="where to run (default: cuda when the library has CUDA code)")
     parser.add_argument("--save-outputs", metavar="OUT.npz", default=None,
                         help="write the outputs of the first run as output_0, output_1, ...")
-    verbosity = parser.add_mutually_exclusive_group()
-    verbosity.add_argument("-v", "--verbose", action="count", default=0,
-                           help="show TVM's own messages and tracebacks")
-    verbosity.add_argument("-q", "--quiet", action="store_true", help="only errors")
+    add_verbosity(parser, "show TVM's own messages and tracebacks")
 
 
 def run(args) -> int:
