@@ -358,26 +358,6 @@ def test_progress_is_silent_off_a_terminal_unless_asked():
     assert "kernels 1/2" in asked.getvalue()
 
 
-def test_a_fresh_implausible_time_is_checked_in_the_same_compile(tmp_path, monkeypatch):
-    """On a machine so busy that every single measurement looks implausible, the compile that
-    measured a kernel measures it again at once (both records stay: a schedule timed twice is
-    trusted), so a second compile on that log measures nothing."""
-    from korch_tvm.costing import measure
-
-    def single_timings_look_implausible(log, kernel_mod, seconds, target, predictor):
-        return log.record_count(kernel_mod) <= log.schedule_count(kernel_mod)
-
-    monkeypatch.setattr(measure, "implausible", single_timings_look_implausible)
-    kernel = legalized_kernels(16)["add"]
-    log = TuningLog(tmp_path, TARGET)
-    first = profile_kernels({"add": kernel}, TARGET, log, trials=0, progress=False)["add"]
-    assert first.source == "measured" and first.rechecked
-    assert log.record_count(kernel) == 2 * log.schedule_count(kernel) == 2
-    again = profile_kernels({"add": kernel}, TARGET, TuningLog(tmp_path, TARGET), trials=0,
-                            progress=False)["add"]
-    assert again.source == "log" and not again.rechecked
-
-
 def test_an_implausible_logged_time_is_measured_again_before_it_is_used(tmp_path, caplog,
                                                                         monkeypatch):
     """A 16x16 add logged at 1000x its time (a stalled run) is measured again: the cost comes

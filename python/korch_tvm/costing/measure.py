@@ -489,18 +489,7 @@ def measure_kernels(
                 _ctrl_c_kept():
             costs.update(_measure_and_commit(list(rechecks) + pending, kernels, target,
                                              tuning_log, measuring, runner, deadline, bar,
-                                             rechecks, seed_log, predict))
-            # A fresh time as implausible is checked now, not by the next compile: a log this
-            # compile leaves is then settled, and a re-run of it measures nothing.
-            fresh = {name: costs[name].seconds for name in pending
-                     if name in costs and costs[name].source == "measured"
-                     and implausible(tuning_log, kernels[name], costs[name].seconds, target,
-                                     predict)}
-            if fresh and time.perf_counter() < deadline:
-                costs.update(_measure_and_commit(list(fresh), kernels, target, tuning_log,
-                                                 measuring, runner, deadline,
-                                                 _Progress(len(fresh), False), fresh, None,
-                                                 predict))
+                                             rechecks, seed_log))
     for name, best in rechecks.items():  # not measured again (no device, no time): as logged
         costs.setdefault(name, KernelCost(best, "log", 0))
     leftovers = [name for name in pending if name not in costs]
@@ -572,7 +561,7 @@ def _device_type(target) -> str:
 
 
 def _measure_and_commit(names, kernels, target, tuning_log, builder, runner, deadline, bar,
-                        rechecks, seed_log, predict):
+                        rechecks, seed_log):
     """Measure each kernel's schedules (`_schedules_to_measure`) and commit what they show:
     a new kernel's defaults and seed schedule (`_commit_fastest`), a re-checked record's
     re-measurement (`_commit_recheck`)."""
@@ -586,9 +575,7 @@ def _measure_and_commit(names, kernels, target, tuning_log, builder, runner, dea
 
     def commit(name, outcomes):
         if name in rechecks:
-            return _commit_recheck(tuning_log, kernels[name], name, rechecks[name], outcomes,
-                                   lambda seconds: implausible(tuning_log, kernels[name],
-                                                               seconds, target, predict))
+            return _commit_recheck(tuning_log, kernels[name], name, rechecks[name], outcomes)
         return _commit_fastest(tuning_log, kernels[name], name, outcomes)
 
     return _measure_schedules(names, schedules, commit, target, builder, runner, deadline, bar)
@@ -703,19 +690,16 @@ def _commit_fastest(tuning_log: TuningLog, kernel_mod: tvm.IRModule, name: str,
 
 
 def _commit_recheck(tuning_log: TuningLog, kernel_mod: tvm.IRModule, name: str, logged: float,
-                    outcomes: list, still_implausible: Callable[[float], bool]) -> KernelCost:
+                    outcomes: list) -> KernelCost:
     """Record the re-measurement of an implausible best record; set the old record aside when
-    the new one is less than half of it and plausible (the old was a stalled run). Otherwise
-    both stay: a schedule measured twice is trusted, so no later compile checks it again.
-    Unmeasurable: as logged."""
+    the new one is less than half of it (the old was a stalled run). Unmeasurable: as logged."""
     ran = [(record_seconds(secs), secs, trace) for secs, _, trace, _ in outcomes if secs]
     if not ran:
         return KernelCost(logged, "log", 0)
     seconds, secs, trace = ran[0]
     old = tuning_log.best_record(kernel_mod)
-    replaces_old = seconds * 2 < logged and not still_implausible(seconds)
     tuning_log.commit_run(kernel_mod, secs, trace=trace)
-    if replaces_old and old is not None:
+    if seconds * 2 < logged and old is not None:
         tuning_log.set_aside(kernel_mod, [old])
         logger.warning("kernel %s: its logged %.4g ms is implausible for its size and was "
                        "measured again at %.4g ms; the old record is set aside in %s.rejected",
