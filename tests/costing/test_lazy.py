@@ -108,7 +108,8 @@ def test_kernels_are_calibrated_by_their_conv_else_their_pool_else_as_memory_bou
 
     from korch_tvm.config import KorchConfig
     from korch_tvm.frontend.onnx_import import import_onnx
-    from korch_tvm.pipeline.korch import MEMORY_BOUND, _work_anchors, plan_korch
+    from korch_tvm.pipeline.korch import plan_korch
+    from korch_tvm.pipeline.korch_costs import MEMORY_BOUND, work_anchors
 
     weight = numpy_helper.from_array(np.full((8, 8, 1, 1), 0.1, dtype="float32"), "w")
     nodes = [helper.make_node("Conv", ["x", "w"], ["c"]),
@@ -123,7 +124,7 @@ def test_kernels_are_calibrated_by_their_conv_else_their_pool_else_as_memory_bou
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
     plan = plan_korch(import_onnx(model), KorchConfig(trials=0, layout="NCHW"), predict_only=True)
-    anchors = _work_anchors(plan.graph, plan.candidates, plan.kept, plan.kernel_keys)
+    anchors = work_anchors(plan.graph, plan.candidates, plan.kept, plan.kernel_keys)
     expected_kinds = set()
     for i in plan.kept:
         if plan.kernel_keys[i] is None:

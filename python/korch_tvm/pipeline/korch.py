@@ -9,7 +9,6 @@ would build without building it.
 from __future__ import annotations
 
 import logging
-import math
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping
@@ -20,31 +19,29 @@ import tvm
 
 from ..backend.rewrite import rewrite_with_plan
 from ..backend.schedule_counts import schedule_counts
-from ..backend.target import host_core_count, parse_target
+from ..backend.target import parse_target
 from ..candidates.enumerate import enumerate_candidates
 from ..candidates.gpu_rules import rules_for_target
 from ..candidates.partition import partition_graph
 from ..config import MEMORY_LIMITS, KorchConfig
 from ..costing.cost_model import predict_kernels
 from ..costing.in_model import load_in_model_times, scaled_costs
-from ..costing.kernel_costs import (default_schedule_costs, measure_costs, open_tuning_log,
-                                    shared_runner, summarize, tune_costs)
-from ..costing.lazy import solve_lazily
+from ..costing.kernel_costs import default_schedule_costs, open_tuning_log, summarize
 from ..costing.measure import KernelCost
-from ..costing.pooled_builder import PooledBuilder
 from ..errors import KorchError, error_summary
 from ..graph.primitive_graph import PrimitiveGraph
-from ..kernels.fused import build_partition_module, distinct_kernels, structural_key
+from ..kernels.fused import build_partition_module, distinct_kernels
 from ..kernels.kinds import kernel_kind, module_kernel_kinds, plan_kind_times
 from ..layout.activations import LAYOUTS, best_layout, plan_layouts
 from ..layout.regions import (MIXED, cheapest_layouts, region_module, split_regions,
                               stitched_module, switch_module)
 from ..lowering.fission import lower_to_primitives, lowering_stats
-from ..lowering.primitive_kinds import LINEAR, POOLING_OPS
 from ..orchestration.memory_plan import StorageModel
 from ..orchestration.problems import (orchestration_problems, plan_groups, plan_report,
                                       prune_by_prediction)
 from ..orchestration.solver import Plan, solve_orchestration
+from .korch_costs import (Planned, cost_what_plans_need, distinct_costs, logged_or_predicted,
+                          profiler_measurement, tune_once, work_anchors)
 from ..support import interrupts
 from ..support.memo import KeyedMemo
 
@@ -134,7 +131,7 @@ def plan_korch(mod: tvm.IRModule, config: KorchConfig, *, predict_only: bool = F
     With ``config.layout == "auto"`` a model with convolutions is planned in each activation
     layout (layout/activations.py), then with a layout per region (layout/regions.py), and the plan of
     least modelled latency is kept. The trial budget is the compile's, not each layout's: the
-    kernels of every layout's plan are tuned in one round, by their latency share (`_tune_once`).
+    kernels of every layout's plan are tuned in one round, by their latency share (`tune_once`).
     With
     ``config.memory_limit == "stock"`` the plan needs no more activation storage than TVM's own
     fusion groups (orchestration/memory_plan.py).
@@ -171,7 +168,7 @@ def plan_korch(mod: tvm.IRModule, config: KorchConfig, *, predict_only: bool = F
     tuned, tuning_seconds = {}, None
     if config.tunes and not predict_only:
         left = None if deadline is None else max(0.0, deadline - time.perf_counter())
-        tuned, tuning_seconds = _tune_once(planned.values(), config.with_changes(time_budget=left),
+        tuned, tuning_seconds = tune_once(planned.values(), config.with_changes(time_budget=left),
                                            tuning_log)
     plans = {layout: pending.finish(tuned, tuning_seconds) for layout, pending in planned.items()}
     layouts = {layout: {"modelled_ms": plan.modelled_ms, "tuning": summarize(plan.costs.values())}
@@ -180,52 +177,12 @@ def plan_korch(mod: tvm.IRModule, config: KorchConfig, *, predict_only: bool = F
         layouts[MIXED]["regions"] = regions
     best = best_layout({layout: plan.modelled_ms for layout, plan in plans.items()})
     return replace(plans[best], layouts=layouts,
-                   tuning=summarize(_distinct_costs(plan.costs for plan in plans.values())))
-
-
-@dataclass(frozen=True)
-class _Planned:
-    """A layout's costed plan before the compile's one round of tuning: the latency share of
-    each kernel of its plan on default-schedule costs, its costed kernels, and `finish(tuned
-    costs, tuning seconds)`, which solves it again with the tuned costs it shares."""
-
-    shares: Mapping[str, float]
-    kernels: Mapping[str, tvm.IRModule]
-    costs: Mapping[str, KernelCost]
-    finish: Callable[[Mapping[str, KernelCost], float | None], KorchPlan]
-
-
-def _tune_once(planned, config: KorchConfig, tuning_log) -> tuple[dict[str, KernelCost], float]:
-    """One trial budget for the whole compile: split over the kernels of every layout's plan
-    by their latency share in it (a kernel two layouts choose counts in both, and is tuned
-    once). Returns (costs of every kernel, tuned ones updated; seconds it took)."""
-    started = time.perf_counter()
-    shares, kernels, costs = Counter(), {}, {}
-    for pending in planned:
-        shares.update(pending.shares)
-        kernels.update(pending.kernels)
-        costs.update(pending.costs)
-    tuned = tune_costs(kernels, shares, costs, config, tuning_log)
-    return tuned, round(time.perf_counter() - started, 3)
-
-
-_WORK_RANK = {"predicted": 0, "log": 1, "failed": 2, "measured": 3, "tuned": 4}
-
-
-def _distinct_costs(costs_of_plans) -> list[KernelCost]:
-    """One cost per kernel key over several plans' costs: the one that says the most work was
-    done for it (tuned, then measured, ...), so a kernel two layouts share counts once."""
-    chosen: dict[str, KernelCost] = {}
-    for costs in costs_of_plans:
-        for key, cost in costs.items():
-            if key not in chosen or _WORK_RANK[cost.source] > _WORK_RANK[chosen[key].source]:
-                chosen[key] = cost
-    return list(chosen.values())
+                   tuning=summarize(distinct_costs(plan.costs for plan in plans.values())))
 
 
 def _plan_region_layouts(mod: tvm.IRModule, config: KorchConfig, tuning_log, *,
                          predict_only: bool, measure_with, seed=None
-                         ) -> tuple[_Planned, list[dict]] | None:
+                         ) -> tuple[Planned, list[dict]] | None:
     """The model with the layout of each region chosen (layout/regions.py), planned, and what
     was chosen per region; None when the model has fewer than two regions or one layout is
     cheapest throughout. Regions and switches are costed without tuning or new measurements
@@ -274,7 +231,7 @@ def _quiet(log: logging.Logger):
 
 
 def _plan_in_layout(source: tvm.IRModule, mod: tvm.IRModule, layout: str, config: KorchConfig,
-                    *, predict_only: bool, measure_with, tuning_log=None, seed=None) -> _Planned:
+                    *, predict_only: bool, measure_with, tuning_log=None, seed=None) -> Planned:
     """`plan_korch` for `mod`, which is `source` with its activations in `layout`, costed with
     `tuning_log` (default: the configured one; reading a large log takes seconds) and `seed`
     (log_seeds.Seed: predictions and starting points from a compatible log), up to tuning."""
@@ -363,17 +320,17 @@ def _plan_in_layout(source: tvm.IRModule, mod: tvm.IRModule, layout: str, config
         return finish
 
     if predict_only:
-        costs = _logged_or_predicted(kept_kernels, predicted, tuning_log)
+        costs = logged_or_predicted(kept_kernels, predicted, tuning_log)
         clock.lap("measurement")
-        return _Planned({}, {}, costs, finish_with(costs))
+        return Planned({}, {}, costs, finish_with(costs))
 
     stock_keys = {kernels.keys[i] for i in kept
                   if candidates[i].is_stock and kernels.keys[i] is not None}
     with (nullcontext(measure_with) if measure_with
-          else _profiler_measurement(config, tuning_log, predicted, seed)) as measure:
-        costs, first_choice = _cost_what_plans_need(
+          else profiler_measurement(config, tuning_log, predicted, seed)) as measure:
+        costs, first_choice = cost_what_plans_need(
             kept_kernels, predicted, stock_keys,
-            _work_anchors(graph, candidates, kept, kernels.keys), solve, kernels.keys, config,
+            work_anchors(graph, candidates, kept, kernels.keys), solve, kernels.keys, config,
             tuning_log, measure)
     clock.lap("measurement")
     shares = Counter()
@@ -385,105 +342,7 @@ def _plan_in_layout(source: tvm.IRModule, mod: tvm.IRModule, layout: str, config
             if kernels.keys[i] is not None:
                 shares[kernels.keys[i]] += defaults[kernels.keys[i]].seconds
     measured_kernels = {key: kept_kernels[key] for key in costs}
-    return _Planned(shares, measured_kernels, costs, finish_with(costs))
-
-
-MEMORY_BOUND = "memory-bound"
-
-
-def _work_anchors(graph, candidates, kept, key_of_candidate) -> dict[str, set]:
-    """Per kernel key, what carries its work, for lazy costing's calibration: its matmul/conv
-    primitives, else its pooling primitives, else the class of all memory-bound kernels.
-
-    Pools are anchors of their own because the memory-bound class mispredicts them alike and
-    badly: YOLOv4's 13x13 max pools over 13x13 maps ran 10-34x their calibrated prediction, and
-    each kernel holding one was found out only when measured, one or two a round (24 rounds,
-    314 kernels measured). Calibrating the other memory-bound kernels by the primitives they
-    share instead measured 9 % more kernels for the same plan on YOLOX-nano.
-    """
-    anchors: dict[str, set] = {}
-    for i in kept:
-        key = key_of_candidate[i]
-        if key is None:
-            continue
-        nodes = candidates[i].nodes
-        linear = {n for n in nodes if graph.nodes[n].kind == LINEAR}
-        pools = {n for n in nodes if graph.nodes[n].op_name in POOLING_OPS}
-        anchors.setdefault(key, set()).update(linear or pools or {MEMORY_BOUND})
-    return anchors
-
-
-@contextmanager
-def _profiler_measurement(config, tuning_log, predicted: Mapping[str, float], seed=None):
-    """measure({key: module}) -> costs: log, else one default-schedule run, else the prediction
-    already made for it (`predicted`, by kernel key: no feature extraction again). One runner
-    and one builder pool serve every round (lazy costing measures in many small calls)."""
-    def predict(module):
-        return predicted[structural_key(module)]
-
-    deadline = None if config.time_budget is None else time.perf_counter() + config.time_budget
-    runner = shared_runner(config)
-    builder = None if runner is None else PooledBuilder(config.target, host_core_count())
-
-    def measure(modules):  # every round draws on what is left of the one time budget
-        left = None if deadline is None else max(0.0, deadline - time.perf_counter())
-        return measure_costs(modules, config.with_changes(time_budget=left), tuning_log,
-                             predictor=predict, runner=runner, builder=builder, seed=seed)
-
-    try:
-        yield measure
-    finally:
-        if builder is not None:
-            builder.close()
-
-
-def _cost_what_plans_need(kept_kernels, predicted, stock_keys, anchors, solve, key_of_candidate,
-                          config, tuning_log, measure_modules):
-    """(best known cost of every kernel worth a number, the plan on default-schedule costs).
-
-    What the log holds and TVM's own fusion groups (so the stock plan is always costed for
-    real and Korch's plan can never model worse than it) are looked up or measured first; the
-    rest only when a plan chooses them (lazy_costing). With an infinite margin every kernel is
-    measured up front, which is what full costing means.
-    """
-    def measure(keys):
-        return measure_modules({key: kept_kernels[key] for key in keys})
-
-    upfront = [key for key, module in kept_kernels.items()
-               if key in stock_keys or tuning_log.best_seconds(module) is not None
-               or not math.isfinite(config.prune_margin)]
-    best = dict(measure(upfront))  # "predicted" where nothing could measure (no device, budget)
-    known = {key: cost for key, cost in best.items() if cost.source != "predicted"}
-
-    def solve_on(costs):
-        solution = solve(costs)
-        return solution, [key_of_candidate[i] for i in solution[2]]
-
-    result = solve_lazily(
-        solve_on, {key: predicted[key] for key in kept_kernels},
-        default_schedule_costs(kept_kernels, known, tuning_log),
-        lambda keys: default_schedule_costs(kept_kernels, _remember(best, measure(keys)),
-                                            tuning_log),
-        config.lazy_margin if math.isfinite(config.prune_margin) else 0.0, anchors)
-    logger.info("costing: %d of %d kernels measured or logged, plan settled in %d round(s)",
-                len(result.known), len(kept_kernels), result.rounds)
-    return best, result.solution[2]
-
-
-def _remember(store: dict, costs):
-    """Add `costs` to `store` and return them."""
-    store.update(costs)
-    return costs
-
-
-def _logged_or_predicted(kept_kernels, predicted, tuning_log) -> dict[str, KernelCost]:
-    """Costs without running anything: a logged record where there is one, else the prediction."""
-    costs = {}
-    for key, module in kept_kernels.items():
-        best = tuning_log.best_seconds(module)
-        costs[key] = (KernelCost(predicted[key], "predicted", 0) if best is None
-                      else KernelCost(best, "log", 0))
-    return costs
+    return Planned(shares, measured_kernels, costs, finish_with(costs))
 
 
 def rewrite_plan(plan: KorchPlan):
