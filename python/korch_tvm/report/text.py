@@ -4,10 +4,35 @@ from __future__ import annotations
 
 
 def summary_lines(report: dict) -> list[str]:
-    """A few lines a person reads after a compile: what ran, what it cost, how close it is."""
+    """A few lines a person reads after a compile: what ran, what it cost, how close it is.
+
+    `report` is the compile report dict (`compile_model`'s); a key it lacks leaves its line out.
+    """
     path = "korch" if report.get("korch") else "stock"
     lines = [f"compiled {report.get('model')} for {report.get('target_tag')} ({path} path, "
              f"{report.get('threads')} threads) in {report.get('compile_seconds', 0):.1f} s"]
+    lines += _costing_lines(report)
+    lines += _layout_lines(report)
+    lowering = report.get("lowering")
+    if lowering:
+        kinds = ", ".join(f"{k} {v}" for k, v in sorted(lowering.get("primitives_by_kind", {}).items()))
+        lines.append(f"  primitives: {kinds}")
+    plan = report.get("plan")
+    if plan:
+        lines += _plan_lines(plan)
+    elif report.get("modelled_ms") is not None:
+        lines.append(f"  modelled latency (sum of kernel costs): {report['modelled_ms']:.3f} ms")
+    kinds = report.get("kind_ms")
+    if kinds:
+        lines.append("  modelled time by kernel kind: " + ", ".join(
+            f"{kind} {ms:.3f} ms" for kind, ms in sorted(kinds.items(), key=lambda kv: -kv[1])
+            if ms > 0))
+    return lines + _outcome_lines(report)
+
+
+def _costing_lines(report: dict) -> list[str]:
+    """Where the kernel costs came from, and which schedules the built kernels run."""
+    lines = []
     tuning = report.get("tuning")
     if tuning:
         lines.append(
@@ -19,44 +44,47 @@ def summary_lines(report: dict) -> list[str]:
     schedules = _schedule_line(report)
     if schedules:
         lines.append(schedules)
+    return lines
+
+
+def _layout_lines(report: dict) -> list[str]:
+    """The activation layout chosen, with every layout's modelled time when several were planned."""
     layouts = report.get("layouts") or {}
     if len(layouts) > 1:
-        lines.append(f"  layout: {report.get('layout')} (modelled " + ", ".join(
+        return [f"  layout: {report.get('layout')} (modelled " + ", ".join(
             f"{layout} {_ms(entry['modelled_ms'])}" for layout, entry in layouts.items())
-            + "; the counts above add up every layout)")
-    elif report.get("layout"):
-        lines.append(f"  layout: {report['layout']}")
-    lowering = report.get("lowering")
-    if lowering:
-        kinds = ", ".join(f"{k} {v}" for k, v in sorted(lowering.get("primitives_by_kind", {}).items()))
-        lines.append(f"  primitives: {kinds}")
-    plan = report.get("plan")
-    if plan:
-        lines.append(
-            f"  plan: {plan.get('kernels_chosen')} kernels from {plan.get('candidates')} "
-            f"candidates ({plan.get('pruned', 0)} pruned), {plan.get('recomputed_primitives', 0)}"
-            f" primitives recomputed; modelled {plan.get('modelled_ms', 0):.3f} ms vs "
-            f"{_ms(plan.get('stock_modelled_ms'))} for FuseOps' groups on the same costs; "
-            f"solver {plan.get('solver_status')}")
-        storage = plan.get("planned_storage_mb")
-        if storage:
-            stock = "n/a" if storage["stock"] is None else f"{storage['stock']:.1f} MB"
-            stock_workspace = ("n/a" if storage.get("stock_workspace") is None
-                               else f"{storage['stock_workspace']:.2f} MB")
-            lines.append(f"  activation storage: {storage['korch']:.1f} MB vs {stock} for "
-                         f"FuseOps' groups, largest kernel workspace "
-                         f"{storage.get('korch_workspace', 0):.2f} MB vs {stock_workspace}; "
-                         f"{storage['pieces_on_stock_plan']} piece(s) moved to FuseOps' groups "
-                         f"to stay within them")
-        if plan.get("opaque_ops"):
-            lines.append(f"  opaque ops kept as in the stock path: {', '.join(plan['opaque_ops'])}")
-    elif report.get("modelled_ms") is not None:
-        lines.append(f"  modelled latency (sum of kernel costs): {report['modelled_ms']:.3f} ms")
-    kinds = report.get("kind_ms")
-    if kinds:
-        lines.append("  modelled time by kernel kind: " + ", ".join(
-            f"{kind} {ms:.3f} ms" for kind, ms in sorted(kinds.items(), key=lambda kv: -kv[1])
-            if ms > 0))
+            + "; the counts above add up every layout)"]
+    if report.get("layout"):
+        return [f"  layout: {report['layout']}"]
+    return []
+
+
+def _plan_lines(plan: dict) -> list[str]:
+    """The Korch plan: kernels chosen, modelled time against the stock plan, storage, opaque ops."""
+    lines = [
+        f"  plan: {plan.get('kernels_chosen')} kernels from {plan.get('candidates')} "
+        f"candidates ({plan.get('pruned', 0)} pruned), {plan.get('recomputed_primitives', 0)}"
+        f" primitives recomputed; modelled {plan.get('modelled_ms', 0):.3f} ms vs "
+        f"{_ms(plan.get('stock_modelled_ms'))} for FuseOps' groups on the same costs; "
+        f"solver {plan.get('solver_status')}"]
+    storage = plan.get("planned_storage_mb")
+    if storage:
+        stock = "n/a" if storage["stock"] is None else f"{storage['stock']:.1f} MB"
+        stock_workspace = ("n/a" if storage.get("stock_workspace") is None
+                           else f"{storage['stock_workspace']:.2f} MB")
+        lines.append(f"  activation storage: {storage['korch']:.1f} MB vs {stock} for "
+                     f"FuseOps' groups, largest kernel workspace "
+                     f"{storage.get('korch_workspace', 0):.2f} MB vs {stock_workspace}; "
+                     f"{storage['pieces_on_stock_plan']} piece(s) moved to FuseOps' groups "
+                     f"to stay within them")
+    if plan.get("opaque_ops"):
+        lines.append(f"  opaque ops kept as in the stock path: {', '.join(plan['opaque_ops'])}")
+    return lines
+
+
+def _outcome_lines(report: dict) -> list[str]:
+    """What the build did: measured latency, verification, a fallback, the library written."""
+    lines = []
     latency = report.get("latency_ms")
     if latency:
         lines.append(f"  measured latency: median {latency['median']:.3f} ms "
@@ -77,7 +105,11 @@ def summary_lines(report: dict) -> list[str]:
 
 
 def explain_lines(explanation: dict) -> list[str]:
-    """`korch-tvm explain` as text: kernels, recomputation, the stock diff, the solver."""
+    """`korch-tvm explain` as text: kernels, recomputation, the stock diff, the solver.
+
+    `explanation` is the dict `explain` returns (its `kernels`, `recomputed`, `stock_diff` and
+    `solver` keys are required).
+    """
     lines = [f"plan for {explanation.get('model')} on {explanation.get('target_tag')} "
              f"(costs {explanation.get('costing')}): {len(explanation['kernels'])} kernels from "
              f"{explanation.get('candidates')} candidates ({explanation.get('pruned', 0)} pruned)",
