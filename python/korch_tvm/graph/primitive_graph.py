@@ -100,7 +100,11 @@ class PrimitiveGraph:
     def from_edges(num_nodes: int, edges: Iterable[tuple[int, int]],
                    kinds: Sequence[str] | None = None,
                    outputs: Iterable[int] | None = None) -> "PrimitiveGraph":
-        """A pure graph (no module) for tests and measurements; edges must go low -> high id."""
+        """A pure graph (no module) for tests and measurements.
+
+        `edges` are (producer, consumer) ids and must go low -> high id; `kinds` gives each
+        node's kind (default all "elementwise"); `outputs` defaults to the sinks.
+        """
         producers = [set() for _ in range(num_nodes)]
         for src, dst in edges:
             assert 0 <= src < dst < num_nodes, f"edge {src}->{dst} is not in topological order"
@@ -265,83 +269,101 @@ def _shape_of(ty) -> tuple:
     return tuple(out)
 
 
+class _Wiring:
+    """Which node (or, through glue, which nodes and graph inputs) each var of main stands for."""
+
+    def __init__(self, activation_params: dict):
+        self.activation_params = activation_params
+        self.node_of_var: dict = {}  # var -> node id, for node-bound vars (incl. folded get-items)
+        self.glue_sources: dict = {}  # glue var -> (frozenset node ids, frozenset graph-input names)
+
+    def trace(self, var, nodes: set, names: set) -> None:
+        """Add the nodes / graph inputs that `var` stands for (through glue) to the two sets."""
+        if var in self.node_of_var:
+            nodes.add(self.node_of_var[var])
+        elif var in self.glue_sources:
+            nodes |= self.glue_sources[var][0]
+            names |= self.glue_sources[var][1]
+        elif var in self.activation_params:
+            names.add(self.activation_params[var])
+
+
 def _read_legalized(legal: tvm.IRModule, func_name: str, relax_ops: dict) -> PrimitiveGraph:
     func = legal[func_name]
     bindings = list(func.body.blocks[0].bindings)
     num_input = int(func.attrs["num_input"]) if func.attrs and "num_input" in func.attrs \
         else len(func.params)
-    activation_params = {p: p.name for p in func.params[:num_input]}
+    wiring = _Wiring({p: p.name for p in func.params[:num_input]})
     weight_params = {p: p.name for p in func.params[num_input:]}
+    node_bindings = _node_bindings(bindings, wiring)
+    nodes = [_primitive_node(index, positions, binding, legal, relax_ops, weight_params, wiring)
+             for index, (positions, binding) in enumerate(node_bindings)]
+    escaping_nodes: set = set()
+    for binding in bindings:
+        if not isinstance(binding.var, relax.DataflowVar):
+            wiring.trace(binding.var, escaping_nodes, set())
+    for leaf in leaves(func.body.body):
+        wiring.trace(leaf, escaping_nodes, set())
+    return _finish(nodes, tuple(wiring.activation_params.values()), escaping_nodes, legal,
+                   func_name)
 
-    node_of_var: dict = {}  # var -> node id, for node-bound vars (incl. folded get-items)
-    glue_sources: dict = {}  # glue var -> (frozenset node ids, frozenset graph-input names)
-    raw = []  # per node: [position list, first binding]
+
+def _node_bindings(bindings: list, wiring: _Wiring) -> list:
+    """Per node, [its binding positions, its first binding]; records every var in `wiring`."""
+    node_bindings = []
     for position, binding in enumerate(bindings):
         if isinstance(binding, relax.MatchCast):
             raise KorchError(f"match_cast binding {binding.var.name} is not supported; "
                              "give the model static shapes")
         value = binding.value
         if isinstance(value, relax.Call):
-            node_of_var[binding.var] = len(raw)
-            raw.append([[position], binding])
+            wiring.node_of_var[binding.var] = len(node_bindings)
+            node_bindings.append([[position], binding])
         elif isinstance(value, relax.TupleGetItem) and isinstance(value.tuple_value, relax.Var) \
-                and value.tuple_value in node_of_var:
-            node = node_of_var[value.tuple_value]
-            node_of_var[binding.var] = node
-            raw[node][0].append(position)
+                and value.tuple_value in wiring.node_of_var:
+            node = wiring.node_of_var[value.tuple_value]
+            wiring.node_of_var[binding.var] = node
+            node_bindings[node][0].append(position)
         else:
             nodes, names = set(), set()
             for leaf in leaves(value):
-                _trace(leaf, node_of_var, glue_sources, activation_params, nodes, names)
-            glue_sources[binding.var] = (frozenset(nodes), frozenset(names))
+                wiring.trace(leaf, nodes, names)
+            wiring.glue_sources[binding.var] = (frozenset(nodes), frozenset(names))
+    return node_bindings
 
-    nodes = []
-    for index, (positions, binding) in enumerate(raw):
-        value = binding.value
-        producers, names, weights, num_constants = set(), set(), set(), 0
-        for leaf in leaves(value):
-            if isinstance(leaf, tvm.ir.expr.Constant):
-                num_constants += 1
-            elif leaf in weight_params:
-                weights.add(weight_params[leaf])
-            else:
-                _trace(leaf, node_of_var, glue_sources, activation_params, producers, names)
-        fusible = value.op.same_as(CALL_TIR)
-        if not fusible:
-            op_name = value.op.name if isinstance(value.op, tvm.ir.Op) else str(value.op)
-            kind = "opaque"
-        elif binding.var in relax_ops and relax_ops[binding.var] != "relax.call_tir":
-            op_name = relax_ops[binding.var]
-            kind = op_kind(op_name)
+
+def _primitive_node(index: int, positions: list, binding, legal: tvm.IRModule, relax_ops: dict,
+                    weight_params: dict, wiring: _Wiring) -> PrimitiveNode:
+    """The node bound first by `binding`: what it reads (activations, weights, constants)."""
+    value = binding.value
+    producers, names, weights, num_constants = set(), set(), set(), 0
+    for leaf in leaves(value):
+        if isinstance(leaf, tvm.ir.expr.Constant):
+            num_constants += 1
+        elif leaf in weight_params:
+            weights.add(weight_params[leaf])
         else:
-            callee = legal[value.args[0]]
-            op_name = "tir." + value.args[0].name_hint.split("_", 1)[-1]
-            kind = _KIND_BY_OP_PATTERN.get(int(callee.attrs.get("op_pattern", 8)), "opaque")
-        types = _tensor_types(binding.var.ty)
-        nodes.append(PrimitiveNode(
-            index, binding.var.name, op_name, kind, tuple(sorted(producers)),
-            tuple(sorted(names)), tuple(sorted(weights)), num_constants,
-            tuple(_shape_of(t) for t in types), tuple(str(t.dtype) for t in types),
-            bindings=tuple(positions), fusible=fusible))
-
-    escaping_nodes = set()
-    for binding in bindings:
-        if not isinstance(binding.var, relax.DataflowVar):
-            _trace(binding.var, node_of_var, glue_sources, activation_params, escaping_nodes, set())
-    for leaf in leaves(func.body.body):
-        _trace(leaf, node_of_var, glue_sources, activation_params, escaping_nodes, set())
-    return _finish(nodes, tuple(activation_params.values()), escaping_nodes, legal, func_name)
+            wiring.trace(leaf, producers, names)
+    op_name, kind = _op_name_and_kind(binding, legal, relax_ops)
+    types = _tensor_types(binding.var.ty)
+    return PrimitiveNode(
+        index, binding.var.name, op_name, kind, tuple(sorted(producers)),
+        tuple(sorted(names)), tuple(sorted(weights)), num_constants,
+        tuple(_shape_of(t) for t in types), tuple(str(t.dtype) for t in types),
+        bindings=tuple(positions), fusible=value.op.same_as(CALL_TIR))
 
 
-def _trace(var, node_of_var, glue_sources, activation_params, nodes: set, names: set) -> None:
-    """Add the nodes / graph inputs that `var` stands for (through glue) to the two sets."""
-    if var in node_of_var:
-        nodes.add(node_of_var[var])
-    elif var in glue_sources:
-        nodes |= glue_sources[var][0]
-        names |= glue_sources[var][1]
-    elif var in activation_params:
-        names.add(activation_params[var])
+def _op_name_and_kind(binding, legal: tvm.IRModule, relax_ops: dict) -> tuple[str, str]:
+    """The Relax op the binding came from and its kind; opaque calls and bare call_tir fall back."""
+    value = binding.value
+    if not value.op.same_as(CALL_TIR):
+        return (value.op.name if isinstance(value.op, tvm.ir.Op) else str(value.op)), "opaque"
+    if binding.var in relax_ops and relax_ops[binding.var] != "relax.call_tir":
+        op_name = relax_ops[binding.var]
+        return op_name, op_kind(op_name)
+    callee = legal[value.args[0]]
+    op_name = "tir." + value.args[0].name_hint.split("_", 1)[-1]
+    return op_name, _KIND_BY_OP_PATTERN.get(int(callee.attrs.get("op_pattern", 8)), "opaque")
 
 
 def _finish(nodes: list, inputs: tuple, outputs, legal, func_name: str) -> PrimitiveGraph:
