@@ -107,3 +107,34 @@ def test_config_trials_and_log_are_used_and_nothing_is_left_outside(tmp_path):
     assert list(home.iterdir()) == []  # no ~/.cache/Microsoft/DeveloperTools/.onnxruntime
     assert outcome["temp_after"] == outcome["temp_before"]
     assert list(temp.iterdir()) == [], list(temp.iterdir())
+
+
+def test_the_target_is_resolved_once_when_the_config_is_made():
+    import tvm
+
+    from korch_tvm.backend.target import host_core_count, host_cpu_name
+
+    config = KorchConfig(target="llvm")
+    assert isinstance(config.target, tvm.target.Target)
+    assert str(config.target.attrs["mcpu"]) == host_cpu_name()
+    assert int(config.target.attrs["num-cores"]) == host_core_count()
+    # every copy keeps the very Target; a new target given to a copy is resolved too
+    assert config.with_changes(trials=4).target is config.target
+    assert config.overridden(target=None, trials=4).target is config.target
+    cuda = config.overridden(target='{"kind": "cuda", "arch": "sm_80"}').target
+    assert isinstance(cuda, tvm.target.Target) and str(cuda.attrs["arch"]) == "sm_80"
+    ready = tvm.target.Target({"kind": "llvm", "mcpu": "generic", "num-cores": 2})
+    assert KorchConfig(target=ready).target is ready  # a Target is taken as it is
+
+
+@pytest.mark.parametrize("bad, message", [
+    ("llvm -mcpu=znver4", "target 'llvm -mcpu=znver4' is not understood; use 'llvm', 'cuda' or "
+                          "a JSON dict such as"),
+    ({"kind": "llvm", "mcpu": "nosuchcpu"}, "target mcpu 'nosuchcpu' is not a CPU LLVM knows"),
+])
+def test_a_bad_target_is_refused_in_one_line_where_the_config_is_made(bad, message):
+    with pytest.raises(KorchError) as info:
+        KorchConfig(target=bad)
+    assert str(info.value).startswith(message) and "\n" not in str(info.value)
+    with pytest.raises(KorchError, match="is not understood"):
+        KorchConfig().with_changes(target="llvm -num-cores 2")

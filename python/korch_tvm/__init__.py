@@ -4,7 +4,7 @@ Public API:
 * `compile_model(model, target="llvm", *, korch=True, tuning_logs=None, trials=0, ...)`
   -> `(executable, report)`
 * `KorchPass(config)`: a `tvm.transform.Pass` to use in place of FuseOps/FuseTIR
-* `KorchConfig`: every knob of a compile
+* `KorchConfig`: every knob of a compile (its `target` resolved to a `tvm.target.Target` when made)
 * `PrimitiveLowering()`: the operator-fission pass on its own
 * `parse_target(spec)`: `llvm` (this CPU), `cuda`, or a JSON target dict -> `tvm.target.Target`
 * `user_log_root()`: where the CLI keeps tuning logs (the user's cache), for `tuning_logs=`
@@ -19,7 +19,7 @@ _LAZY = {
     "KorchPass": ("pipeline.korch", "KorchPass"),
     "KorchConfig": ("config", "KorchConfig"),
     "PrimitiveLowering": ("lowering.fission", "PrimitiveLowering"),
-    "parse_target": ("backend.target", "parse_target"),
+    "parse_target": ("target_spec", "parse_target"),
     "user_log_root": ("costing.log_seeds", "user_log_root"),
 }
 

@@ -22,6 +22,10 @@ class KorchConfig:
     tuning log does not already hold; 0 means no search (untuned kernels are measured once with
     their default schedule). `tuning_logs` is the root directory of the on-disk logs (one
     sub-directory per target); None keeps records in memory only, for this compile.
+
+    `target` may be given as anything `target_spec.parse_target` reads (`"llvm"`, `"cuda"`, a
+    JSON dict or its text, a `Target`); it is resolved once, here, so `config.target` is always a
+    `tvm.target.Target` (for `llvm`: this CPU's `mcpu` and core count filled in).
     """
 
     target: object = "llvm"
@@ -62,6 +66,10 @@ class KorchConfig:
     verify_tolerance: float | None = None
 
     def __post_init__(self):
+        # A frozen dataclass: the resolved target replaces the spec once, before validation.
+        from .target_spec import parse_target  # imports TVM: only when a config is made
+
+        object.__setattr__(self, "target", parse_target(self.target))
         validate(self)
 
     def with_changes(self, **changes) -> "KorchConfig":

@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from ..backend.cuda import build, check_device_code, is_cuda, no_device_reason
-from ..backend.target import configure_threads, parse_target, target_tag
+from ..backend.target import configure_threads, target_tag
 from ..backend.verify import (DEFAULT_TOLERANCE, compare, onnxruntime_opset_problem,
                               onnxruntime_outputs, random_inputs, run_executable)
 from ..config import KorchConfig
@@ -56,11 +56,10 @@ def compile_model(model, target=None, *, korch: bool = True, tuning_logs: str | 
     config = (config or KorchConfig()).overridden(
         target=target, tuning_logs=tuning_logs, trials=trials, time_budget=time_budget,
         verify_tolerance=verify_tolerance)
-    tvm_target = parse_target(config.target)
+    tvm_target = config.target  # resolved by KorchConfig
     threads = configure_threads(config.num_threads)
     source = _load_source(model, input_shapes_override, check_verifier=verify)
     report = _base_report(source, config, tvm_target, korch, threads)
-    config = config.with_changes(target=tvm_target)
     with builder_scratch_directory():
         optimized, plan = _optimize(source, config, korch, report)
         executable = build(optimized, tvm_target)
@@ -171,7 +170,6 @@ def tune_model(model, target=None, *, korch: bool = True, tuning_logs: str | Non
         target=target, tuning_logs=tuning_logs, trials=trials, time_budget=time_budget)
     if not config.tuning_logs:
         raise KorchError("tuning needs --tuning-logs DIR: without a log the results are lost")
-    config = config.with_changes(target=parse_target(config.target))
     threads = configure_threads(config.num_threads)
     source = _load_source(model, input_shapes_override, check_verifier=False)
     with builder_scratch_directory():

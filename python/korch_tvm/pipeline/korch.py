@@ -19,7 +19,6 @@ import tvm
 
 from ..backend.rewrite import rewrite_with_plan
 from ..backend.schedule_counts import schedule_counts
-from ..backend.target import parse_target
 from ..candidates.enumerate import enumerate_candidates
 from ..candidates.gpu_rules import rules_for_target
 from ..candidates.partition import partition_graph
@@ -235,8 +234,7 @@ def _plan_in_layout(source: tvm.IRModule, mod: tvm.IRModule, layout: str, config
     """`plan_korch` for `mod`, which is `source` with its activations in `layout`, costed with
     `tuning_log` (default: the configured one; reading a large log takes seconds) and `seed`
     (log_seeds.Seed: predictions and starting points from a compatible log), up to tuning."""
-    target = parse_target(config.target)
-    config = config.with_changes(target=target)
+    target = config.target
     clock = _StageClock()
 
     lowered = lower_to_primitives(mod)
