@@ -18,8 +18,10 @@ import os
 
 from ..errors import KorchError
 from .trace_policy import Refused
-from .tuning_log import (ATTEMPTS_FILE, RECORD_FILE, WORKLOAD_FILE, TuningLog, _parse_record,
-                         _parse_workload, _split_lines, _Table)
+from .log_files import ATTEMPTS_FILE, RECORD_FILE, WORKLOAD_FILE, _split_lines
+from .log_lines import _parse_record, _parse_workload
+from .log_table import _Table
+from .tuning_log import TuningLog
 
 logger = logging.getLogger("korch_tvm.log_merge")
 

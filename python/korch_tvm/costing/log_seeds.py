@@ -135,7 +135,7 @@ class Seed:
     def starting_trace(self, kernel_mod: tvm.IRModule):
         """The trace of the kernel's best schedule in the seed log, unless it is the kernel as
         written (which the default schedules already cover); None when there is none."""
-        from .tuning_log import leaves_kernel_as_written
+        from .log_database import leaves_kernel_as_written
 
         record = self.log.best_record(kernel_mod)
         if record is None or leaves_kernel_as_written(record.trace):

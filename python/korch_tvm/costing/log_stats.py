@@ -33,8 +33,8 @@ def log_tags(root: str) -> list[str]:
 
 def _directory_stats(directory: str) -> dict:
     from .trace_policy import Refused, check_workload
-    from .tuning_log import (RECORD_FILE, REJECTED_SUFFIX, WORKLOAD_FILE, _timed_warm,
-                             record_refusal, record_seconds)
+    from .log_files import RECORD_FILE, REJECTED_SUFFIX, WORKLOAD_FILE
+    from .log_lines import _timed_warm, record_refusal, record_seconds
 
     corrupt = refused = 0
     workload_hash = {}

@@ -110,7 +110,7 @@ def _check(args) -> int:
 
 
 def _reasons(root: str, tag: str) -> int:
-    from ..costing.tuning_log import REASONS_SUFFIX, RECORD_FILE, WORKLOAD_FILE
+    from ..costing.log_files import REASONS_SUFFIX, RECORD_FILE, WORKLOAD_FILE
 
     return sum(len(read_log_lines(os.path.join(root, tag, name + REASONS_SUFFIX)))
                for name in (RECORD_FILE, WORKLOAD_FILE))
