@@ -9,8 +9,8 @@ import time
 
 import pytest
 
-from korch_tvm.orchestration.solver import (KernelChoice, OrchestrationProblem, _cycle_cut_rows,
-                                            _lp_bound, _orchestration_rows, _solve,
+from korch_tvm.orchestration.formulation import cycle_cut_rows, orchestration_rows
+from korch_tvm.orchestration.solver import (KernelChoice, OrchestrationProblem, _lp_bound, _solve,
                                             execution_order, no_recompute_plan,
                                             solve_orchestration)
 
@@ -329,7 +329,7 @@ def test_cuts_and_valid_families_keep_every_acyclic_plan(seed):
         lower, coefficients = row
         return sum(coefficients.get(column_of[k], 0.0) for k in subset) >= lower - 1e-9
 
-    rows = _orchestration_rows(problem, usable, frozenset({"cover", "dependency"}))
+    rows = orchestration_rows(problem, usable, frozenset({"cover", "dependency"}))
     program = []
     for r in range(rows.count):
         span = slice(rows.starts[r], rows.starts[r + 1])
@@ -337,7 +337,7 @@ def test_cuts_and_valid_families_keep_every_acyclic_plan(seed):
     assert all(holds(row, plan) for row in program for plan in acyclic)
     for choice in cyclic:
         for first_producer in (True, False):
-            cuts = _cycle_cut_rows(problem, choice, column_of, first_producer)
+            cuts = cycle_cut_rows(problem, choice, column_of, first_producer)
             assert cuts and not all(holds(cut, choice) for cut in cuts)
             assert all(holds(cut, plan) for cut in cuts for plan in acyclic)
 
