@@ -1,0 +1,22 @@
+"""Vendor-library kernels (OpenBLAS GEMM on CPU; cuBLAS behind a build flag) as candidates.
+
+`implementations_for(kernel_mod)` says which library calls compute a kernel; an
+`Implementation` times itself (`measure()`) and emits its Relax call (`call(...)`);
+`UseLibraryGemm` rewrites chosen kernels' call_tir into those calls; `export_library` links the
+extension into the exported library so a fresh process runs it with only TVM. Everything here
+needs the extension that `python -m korch_tvm.library.build` (run by `make install`) built;
+without it `implementations_for` returns nothing and the rest of korch_tvm is unaffected.
+"""
+
+from .build import LibraryBuildError, build_blas_extension, library_dir
+from .export import export_library, library_calls
+from .extension import load_blas_extension, set_blas_threads
+from .gemm_match import GemmSpec, match_gemm
+from .implementations import Implementation, implementations_for, time_gemm
+from .use_library_gemm import UseLibraryGemm
+
+__all__ = [
+    "GemmSpec", "Implementation", "LibraryBuildError", "UseLibraryGemm", "build_blas_extension",
+    "export_library", "implementations_for", "library_calls", "library_dir",
+    "load_blas_extension", "match_gemm", "set_blas_threads", "time_gemm",
+]

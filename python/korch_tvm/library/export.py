@@ -1,0 +1,41 @@
+"""Export a compiled Relax module whose kernels call the BLAS extension, self-contained.
+
+The extension's object file is linked into the exported library, so loading that library runs
+the extension's static registration: a fresh process needs only `tvm.runtime.load_module(path)`
+and `relax.VirtualMachine`, nothing of korch_tvm. The BLAS stays a shared library, found through
+the absolute rpath of this installation (the export runs where korch_tvm is installed).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import tvm
+from tvm import relax
+
+from .extension import BLAS_PREFIX, link_inputs
+
+CALL_DPS_PACKED = tvm.ir.Op.get("relax.call_dps_packed")
+
+
+def library_calls(mod: tvm.IRModule) -> set[str]:
+    """Names of the korch_tvm.blas.* functions that mod's Relax functions call."""
+    names: set[str] = set()
+
+    def visit(expr):
+        if (isinstance(expr, relax.Call) and expr.op.same_as(CALL_DPS_PACKED)
+                and isinstance(expr.args[0], relax.ExternFunc)
+                and str(expr.args[0].global_symbol).startswith(BLAS_PREFIX)):
+            names.add(str(expr.args[0].global_symbol))
+
+    for _, func in mod.functions_items():
+        if isinstance(func, relax.Function):
+            relax.analysis.post_order_visit(func, visit)
+    return names
+
+
+def export_library(executable, path: str | Path, directory: Path | None = None) -> Path:
+    """executable.export_library(path) with the BLAS extension linked in."""
+    files, options = link_inputs(directory)
+    executable.export_library(str(path), addons=files, options=options)
+    return Path(path)

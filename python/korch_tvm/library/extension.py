@@ -1,0 +1,62 @@
+"""Find and load korch_tvm's own built BLAS extension, and name what an export must link.
+
+Only the extension this package built, at the path `build.blas_artifacts` derives from its own
+source, is ever loaded: nothing here takes a path from a model, a log or a user file. A missing
+extension makes the library kernels unavailable (one info line), never an error.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from pathlib import Path
+
+from .build import LibraryBuildError, blas_artifacts, openblas_paths
+
+logger = logging.getLogger("korch_tvm.library")
+
+BLAS_PREFIX = "korch_tvm.blas."
+
+
+@functools.lru_cache(maxsize=None)
+def load_blas_extension(directory: Path | None = None) -> bool:
+    """Load the extension once per process (a loaded library stays loaded); True if it is."""
+    try:
+        _, shared_path = blas_artifacts(directory)
+    except LibraryBuildError as error:
+        logger.info("BLAS library kernels unavailable: %s", error)
+        return False
+    if not shared_path.is_file():
+        logger.info("BLAS library kernels unavailable: %s is not built (run `python -m "
+                    "korch_tvm.library.build`)", shared_path.name)
+        return False
+    import tvm_ffi
+    tvm_ffi.load_module(str(shared_path))
+    return True
+
+
+def blas_function(name: str):
+    """The registered packed function `korch_tvm.blas.<name>`; the extension must be loaded."""
+    import tvm_ffi
+    function = tvm_ffi.get_global_func(BLAS_PREFIX + name, allow_missing=True)
+    assert function is not None, f"{BLAS_PREFIX}{name} is not registered: load the extension first"
+    return function
+
+
+def set_blas_threads(count: int) -> None:
+    """Give the BLAS the compile's thread count (it reads TVM_NUM_THREADS when it loads)."""
+    blas_function("set_num_threads")(int(count))
+
+
+def link_inputs(directory: Path | None = None) -> tuple[list[str], list[str]]:
+    """(extra input files, linker options) that put the extension into an exported library.
+
+    The object's static initialiser registers the functions when the exported library is
+    loaded, so a fresh process needs only `tvm.runtime.load_module`; the BLAS itself stays a
+    shared library, found through the rpath recorded here."""
+    object_path, _ = blas_artifacts(directory)
+    if not object_path.is_file():
+        raise LibraryBuildError(f"{object_path} is not built; run `python -m "
+                                "korch_tvm.library.build`")
+    _, blas_library = openblas_paths()
+    return [str(object_path), str(blas_library)], [f"-Wl,-rpath,{blas_library.parent}"]

@@ -1,0 +1,182 @@
+"""Recognise a kernel that is exactly a (batched) float32 GEMM, so a BLAS call can replace it.
+
+Matching works on the kernel's PrimFunc, not on Relax's `R.matmul`: Korch prices and chooses
+kernels as PrimFuncs (one per candidate, keyed by structural_key), and a kernel that fused a
+transpose into its matmul is still one GEMM with a transposed operand. Producer blocks that only
+move data (a transpose) are inlined first; what remains must be one reduction block
+`C[b.., i, j] += A[..] * B[..]` whose indices are plain block variables. Anything else
+(an epilogue, a broadcast operand, a reshape's div/mod indices) is not a GEMM here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import tvm
+from tvm import tirx
+
+_INT32_MAX = 2**31 - 1
+
+
+@dataclass(frozen=True)
+class GemmSpec:
+    """C[batch.., M, N] = op(A) op(B), row-major float32; op transposes the last two axes.
+
+    `a_input`/`b_input` are the positions of A and B among the kernel's inputs (the call_tir
+    argument order); `a_batched`/`b_batched` say whether each has C's leading axes (otherwise
+    it is one matrix shared by every batch)."""
+
+    batch_shape: tuple[int, ...]
+    m: int
+    n: int
+    k: int
+    transpose_a: bool
+    transpose_b: bool
+    a_batched: bool
+    b_batched: bool
+    a_input: int
+    b_input: int
+
+    @property
+    def batch(self) -> int:
+        count = 1
+        for size in self.batch_shape:
+            count *= size
+        return count
+
+    def a_shape(self) -> tuple[int, ...]:
+        rows = (self.k, self.m) if self.transpose_a else (self.m, self.k)
+        return (self.batch_shape + rows) if self.a_batched else rows
+
+    def b_shape(self) -> tuple[int, ...]:
+        rows = (self.n, self.k) if self.transpose_b else (self.k, self.n)
+        return (self.batch_shape + rows) if self.b_batched else rows
+
+    def c_shape(self) -> tuple[int, ...]:
+        return self.batch_shape + (self.m, self.n)
+
+    def flops(self) -> float:
+        return 2.0 * self.batch * self.m * self.n * self.k
+
+
+def match_gemm(kernel_mod: tvm.IRModule) -> GemmSpec | None:
+    """The GEMM that kernel_mod's `main` computes, or None when it is not exactly one."""
+    names = [gv.name_hint for gv in kernel_mod.get_global_vars()]
+    func = kernel_mod["main"] if "main" in names else None
+    if not isinstance(func, tirx.PrimFunc) or len(func.params) != 3 or _is_scheduled(func):
+        return None
+    if any(str(p.dtype) != "float32" for p in func.params):
+        return None
+    block = _single_reduction_block(kernel_mod)
+    spec = None if block is None else _spec_of_block(block, list(func.params))
+    if spec is None:
+        return None
+    # The iteration must cover each buffer whole (no slice of a larger operand).
+    shapes = [tuple(_as_int(s) for s in p.shape) for p in func.params]
+    wanted = {spec.a_input: spec.a_shape(), spec.b_input: spec.b_shape(), 2: spec.c_shape()}
+    return spec if all(shapes[n] == shape for n, shape in wanted.items()) else None
+
+
+def _is_scheduled(func) -> bool:
+    return func.attrs is not None and bool(func.attrs.get("tirx.is_scheduled", False))
+
+
+def _single_reduction_block(kernel_mod: tvm.IRModule):
+    """The one block left after inlining every pure data-movement producer, else None."""
+    try:
+        schedule = tvm.s_tir.Schedule(kernel_mod)
+        root = schedule.get_sblock("root", func_name="main")
+        blocks = list(schedule.get_child_blocks(root))
+        for block in blocks[:-1]:
+            schedule.compute_inline(block)
+        remaining = list(schedule.get_child_blocks(root))
+    except (RuntimeError, ValueError):  # ScheduleError is a RuntimeError
+        return None
+    if len(remaining) != 1:
+        return None
+    block = schedule.get(remaining[0])
+    return block if not list(schedule.get_child_blocks(remaining[0])) else None
+
+
+def _spec_of_block(block, params) -> GemmSpec | None:
+    spatial = [iv.var for iv in block.iter_vars if iv.iter_type == tirx.IterVar.DataPar]
+    reduce = [iv.var for iv in block.iter_vars if iv.iter_type == tirx.IterVar.CommReduce]
+    if len(reduce) != 1 or len(spatial) + 1 != len(block.iter_vars) or len(spatial) < 2:
+        return None
+    store = block.body
+    if not isinstance(store, tirx.BufferStore) or not _is_zero_init(block.init, store):
+        return None
+    if not _same_vars(store.indices, spatial) or not params[2].same_as(store.buffer):
+        return None
+    value = store.value
+    if not (isinstance(value, tirx.Add) and isinstance(value.a, tvm.ir.TensorLoad)
+            and value.a.source.same_as(store.buffer) and _same_vars(value.a.indices, spatial)
+            and isinstance(value.b, tirx.Mul)):
+        return None
+    loads = [value.b.a, value.b.b]
+    if not all(isinstance(load, tvm.ir.TensorLoad) for load in loads):
+        return None
+    return _assign_operands(loads, spatial, reduce[0], params, block)
+
+
+def _assign_operands(loads, spatial, k_var, params, block) -> GemmSpec | None:
+    i_var, j_var, batch_vars = spatial[-2], spatial[-1], spatial[:-2]
+    roles = {}
+    for load in loads:
+        role = _operand_role(load.indices, batch_vars, i_var, j_var, k_var)
+        if role is None or role[0] in roles:
+            return None
+        roles[role[0]] = (load.source,) + role[1:]
+    if set(roles) != {"A", "B"}:
+        return None
+    positions = {}
+    for name, (buffer, _, _) in roles.items():
+        found = [n for n, p in enumerate(params[:2]) if p.same_as(buffer)]
+        if len(found) != 1:
+            return None
+        positions[name] = found[0]
+    if positions["A"] == positions["B"]:
+        return None
+    if any(_as_int(iv.dom.min) != 0 for iv in block.iter_vars):
+        return None
+    extents = {iv.var: iv.dom.extent for iv in block.iter_vars}
+    sizes = [_as_int(extents[v]) for v in spatial + [k_var]]
+    if any(size is None or size < 1 or size > _INT32_MAX for size in sizes):
+        return None
+    return GemmSpec(batch_shape=tuple(sizes[:-3]), m=sizes[-3], n=sizes[-2], k=sizes[-1],
+                    transpose_a=roles["A"][1], transpose_b=roles["B"][1],
+                    a_batched=roles["A"][2], b_batched=roles["B"][2],
+                    a_input=positions["A"], b_input=positions["B"])
+
+
+def _operand_role(indices, batch_vars, i_var, j_var, k_var):
+    """("A"|"B", transposed, batched) from an operand's index list, or None."""
+    indices = list(indices)
+    if not all(isinstance(index, tirx.Var) for index in indices) or len(indices) < 2:
+        return None
+    lead, last = indices[:-2], indices[-2:]
+    if lead and not _same_vars(lead, batch_vars):
+        return None
+    batched = bool(lead)
+    for role, row, transposed in (("A", i_var, False), ("A", i_var, True),
+                                  ("B", j_var, False), ("B", j_var, True)):
+        ordered = [k_var, row] if (role == "A") == transposed else [row, k_var]
+        if all(x.same_as(y) for x, y in zip(last, ordered)):
+            return role, transposed, batched
+    return None
+
+
+def _is_zero_init(init, store) -> bool:
+    return (isinstance(init, tirx.BufferStore) and init.buffer.same_as(store.buffer)
+            and isinstance(init.value, tirx.FloatImm) and float(init.value.value) == 0.0
+            and len(init.indices) == len(store.indices)
+            and all(a.same_as(b) for a, b in zip(init.indices, store.indices)))
+
+
+def _same_vars(indices, variables) -> bool:
+    return len(indices) == len(variables) and all(
+        isinstance(x, tirx.Var) and x.same_as(v) for x, v in zip(indices, variables))
+
+
+def _as_int(expr) -> int | None:
+    return int(expr.value) if isinstance(expr, tirx.IntImm) else None

@@ -1,0 +1,76 @@
+"""Library implementations of a kernel: what the solver may choose instead of a TVM schedule.
+
+`implementations_for(kernel_mod)` lists the vendor calls that compute exactly what the kernel
+computes (today: one OpenBLAS GEMM or batched GEMM when the kernel is a plain float32 GEMM).
+Each `Implementation` times itself on this machine and emits the Relax call that replaces the
+kernel's `call_tir`, so costing and the plan rewrite meet through this one record.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+import tvm
+from tvm import relax
+
+from .extension import BLAS_PREFIX, blas_function, load_blas_extension
+from .gemm_match import GemmSpec, match_gemm
+
+
+@dataclass(frozen=True)
+class Implementation:
+    """One library call computing a kernel: `name` for reports, `function` the packed name."""
+
+    name: str
+    function: str
+    spec: GemmSpec
+
+    def call(self, kernel_inputs: Sequence[relax.Expr], out_ty: relax.TensorType) -> relax.Call:
+        """The `call_dps_packed` that replaces `call_tir(kernel, kernel_inputs, out_ty)`."""
+        spec = self.spec
+        assert len(kernel_inputs) == 2, f"a GEMM kernel takes 2 inputs, got {len(kernel_inputs)}"
+        args = [kernel_inputs[spec.a_input], kernel_inputs[spec.b_input],
+                relax.prim_value(int(spec.transpose_a)), relax.prim_value(int(spec.transpose_b))]
+        return relax.op.call_dps_packed(self.function, relax.Tuple(args), out_ty)
+
+    def measure(self, repeats: int = 7, min_repeat_seconds: float = 2e-3) -> float:
+        """Median seconds per call on this machine, the packed function timed directly."""
+        return time_gemm(self.function, self.spec, repeats, min_repeat_seconds)
+
+
+def implementations_for(kernel_mod: tvm.IRModule) -> list[Implementation]:
+    """The library implementations of kernel_mod's `main`; empty when none applies here."""
+    spec = match_gemm(kernel_mod)
+    if spec is None or not load_blas_extension():
+        return []
+    if spec.batch_shape:
+        return [Implementation("openblas.sbgemm", BLAS_PREFIX + "sbgemm", spec)]
+    return [Implementation("openblas.sgemm", BLAS_PREFIX + "sgemm", spec)]
+
+
+def time_gemm(function_name: str, spec: GemmSpec, repeats: int = 7,
+              min_repeat_seconds: float = 2e-3) -> float:
+    """Median seconds of one call over `repeats` timed runs, each of enough calls to last
+    about min_repeat_seconds (the FFI call's microsecond overhead is included, as in the VM)."""
+    assert function_name.startswith(BLAS_PREFIX), f"not a BLAS library call: {function_name}"
+    function = blas_function(function_name[len(BLAS_PREFIX):])
+    rng = np.random.default_rng(0)
+    a, b = (tvm.runtime.tensor(rng.standard_normal(shape, dtype="float32"))
+            for shape in (spec.a_shape(), spec.b_shape()))
+    c = tvm.runtime.tensor(np.empty(spec.c_shape(), dtype="float32"))
+    flags = (int(spec.transpose_a), int(spec.transpose_b))
+    start = time.perf_counter()
+    function(a, b, *flags, c)                       # warm-up; also sizes the inner loop
+    once = max(time.perf_counter() - start, 1e-7)
+    number = max(1, min(1000, int(min_repeat_seconds / once)))
+    samples = []
+    for _ in range(max(1, repeats)):
+        start = time.perf_counter()
+        for _ in range(number):
+            function(a, b, *flags, c)
+        samples.append((time.perf_counter() - start) / number)
+    return statistics.median(samples)
