@@ -9,14 +9,13 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import math
 import os
 import sys
 
-from ..config import LAYOUT_CHOICES, MEMORY_LIMITS
 from ..errors import EnvironmentFault, KorchError
 from ..support import interrupts, tvm_output
-from .common import add_verbosity, configure_logging, shape_arg
+from .common import add_verbosity, configure_logging
+from .flags import add_flags, config_from_args, input_shapes
 
 EXIT_ENVIRONMENT = 1
 EXIT_USER_ERROR = 2
@@ -24,58 +23,18 @@ EXIT_INTERNAL_ERROR = 3
 EXIT_INTERRUPTED = 130
 
 
+# What compile and tune share: every flag from the one table in flags.py.
+COMPILE_FLAGS = ("target", "tuning_logs", "trials", "trials_per_kernel", "time_budget",
+                 "input_shape", "threads", "exact_math", "layout", "memory_limit",
+                 "rpc_tracker", "rpc_key")
+
+
 def _add_common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("model", help="path to an ONNX model")
-    parser.add_argument("--target", default="llvm",
-                        help="'llvm' (this CPU: mcpu and cores detected), 'cuda', or a TVM JSON "
-                             "target dict (default: llvm)")
     parser.add_argument("--korch", action="store_true",
                         help="orchestrate kernels with Korch (fission + optimal kernel choice) "
                              "instead of TVM's stock FuseOps fusion")
-    from ..costing.log_seeds import user_log_root  # no TVM import: --help stays fast
-
-    parser.add_argument("--tuning-logs", metavar="DIR", default=user_log_root(),
-                        help="root of the tuning logs; records go to DIR/<target tag>/ and are "
-                             "reused on the next compile (default: %(default)s, from "
-                             "$KORCH_TVM_CACHE_DIR or $XDG_CACHE_HOME; '' keeps nothing). An "
-                             "empty log is seeded from the shipped tuning_logs/ (read only; "
-                             "$KORCH_TVM_SEED_LOGS overrides): this CPU's records as they are, "
-                             "else those of a CPU with the same vector ISA as predictions and "
-                             "starting points, measured here")
-    parser.add_argument("--trials", type=int, default=0, metavar="N",
-                        help="total MetaSchedule trials for kernels not yet in the log "
-                             "(default 0: no search, kernels without records use default "
-                             "schedules)")
-    parser.add_argument("--trials-per-kernel", type=int, default=None, metavar="N",
-                        help="instead of --trials: N trials per kernel that gets tuned (the "
-                             "total, N times the kernels, is still split by latency share and "
-                             "headroom)")
-    parser.add_argument("--time-budget", type=float, default=None, metavar="SECONDS",
-                        help="bound on the costing stage; kernels not costed in time use the "
-                             "cost model's prediction")
-    parser.add_argument("--input-shape", type=shape_arg, action="append", default=[],
-                        metavar="NAME:DIMS", help="static shape for a dynamic input, e.g. "
-                        "x:1x3x224x224 (repeatable)")
-    parser.add_argument("--threads", type=int, default=None,
-                        help="TVM runtime threads (default: every available core)")
-    parser.add_argument("--exact-math", dest="fast_math", action="store_false",
-                        help="legalize exp/sigmoid/tanh/erf to TVM's per-element libm calls "
-                             "instead of vectorisable polynomials (within 4e-7 relative; 2-12x "
-                             "faster on the CPU); applies to both paths")
-    parser.add_argument("--layout", choices=LAYOUT_CHOICES, default="auto",
-                        help="activation layout of convolutions and what follows them: 'auto' "
-                             "(default) plans the model in both and keeps the faster modelled "
-                             "plan (a model with convolutions is tuned twice); applies to both "
-                             "paths. With 'auto' Korch also plans a layout per region of the "
-                             "model and keeps it when it models faster (layout 'mixed')")
-    parser.add_argument("--memory-limit", choices=MEMORY_LIMITS, default="stock",
-                        help="'stock' (default): Korch's plan needs no more activation storage "
-                             "than TVM's own fusion groups (within 1%%): pieces of the graph go "
-                             "back to those groups until it fits; 'none': the fastest modelled "
-                             "plan whatever its storage")
-    parser.add_argument("--rpc-tracker", metavar="HOST:PORT", default=None,
-                        help="measure kernels through a TVM RPC tracker")
-    parser.add_argument("--rpc-key", default=None, help="device key registered at the tracker")
+    add_flags(parser, COMPILE_FLAGS)
     add_verbosity(parser)
 
 
@@ -158,14 +117,14 @@ def _command_compile(args) -> int:
     from ..pipeline.compile import compile_model
     from ..support.safe_io import check_output_path
 
-    config = _config_from_args(args)
+    config = config_from_args(args)
     # Checked before the compile, which can take minutes, so that a bad path fails first.
     for flag, path in (("-o", args.output), ("--report", args.report)):
         if path:
             check_output_path(path, flag)
     executable, report = compile_model(
         args.model, korch=args.korch, verify=args.verify,
-        input_shapes_override=dict(args.input_shape), config=config,
+        input_shapes_override=input_shapes(args), config=config,
         measure_latency=args.measure, fallback_on_mismatch=args.fallback_on_mismatch)
     if args.output:
         _export(executable, args.output)
@@ -181,7 +140,7 @@ def _command_compile(args) -> int:
 
 
 # p90/p10 of end-to-end samples above this: the machine is too busy for one run's median to
-# mean much. A quiet machine stays within ~1.1-1.2; 1.5 leaves room for ordinary jitter.
+# mean much; below it is ordinary jitter.
 NOISY_SPREAD = 1.5
 
 
@@ -199,26 +158,13 @@ def _command_tune(args) -> int:
     from ..pipeline.compile import tune_model
 
     report = tune_model(args.model, korch=args.korch,
-                        input_shapes_override=dict(args.input_shape),
-                        config=_config_from_args(args))
+                        input_shapes_override=input_shapes(args),
+                        config=config_from_args(args))
     if not args.quiet:
         from ..report.text import summary_lines
 
         print("\n".join(line.replace("compiled", "tuned", 1) for line in summary_lines(report)))
     return 0
-
-
-def _config_from_args(args):
-    """The one KorchConfig of a compile or tune command (validated as it is made)."""
-    from ..config import KorchConfig
-
-    return KorchConfig(target=args.target, tuning_logs=args.tuning_logs, trials=args.trials,
-                       time_budget=args.time_budget,
-                       verify_tolerance=getattr(args, "verify_tolerance", None),
-                       num_threads=args.threads, rpc_tracker=args.rpc_tracker,
-                       rpc_key=args.rpc_key, trials_per_kernel=args.trials_per_kernel,
-                       fast_math=args.fast_math, layout=args.layout,
-                       memory_limit=args.memory_limit)
 
 
 def _export(executable, path: str) -> None:

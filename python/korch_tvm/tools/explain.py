@@ -14,15 +14,20 @@ import logging
 import os
 import sys
 
-from ..config import LAYOUT_CHOICES
-
 logger = logging.getLogger("korch_tvm.explain")
 
 FORMATS = ("text", "json", "html", "dot")
 
 
+# The shared flags explain takes, from the one table in flags.py.
+EXPLAIN_FLAGS = ("target", "tuning_logs", "trials", "time_budget", "layout", "input_shape",
+                 "threads", "solver_time_limit")
+
+
 def add_arguments(parser) -> None:
-    from .common import add_verbosity, shape_arg
+    """Declare explain's flags on `parser` (the sub-command's argparse parser)."""
+    from .common import add_verbosity
+    from .flags import add_flags
 
     parser.add_argument("model", help="path to an ONNX model")
     parser.add_argument("--format", choices=FORMATS, default="text",
@@ -30,37 +35,20 @@ def add_arguments(parser) -> None:
                              "primitive graph drawn) or dot (Graphviz)")
     parser.add_argument("-o", "--output", metavar="FILE", default=None,
                         help="write here instead of stdout (html: default MODEL.korch.html)")
-    parser.add_argument("--target", default="llvm", help="as for compile (default: llvm)")
-    from ..costing.log_seeds import user_log_root  # no TVM import: --help stays fast
-
-    parser.add_argument("--tuning-logs", metavar="DIR", default=user_log_root(),
-                        help="root of the tuning logs to read costs from and record "
-                             "measurements into, as for compile (default: %(default)s; '' "
-                             "keeps nothing)")
-    parser.add_argument("--trials", type=int, default=0, metavar="N",
-                        help="MetaSchedule trials for kernels not in the log, as for compile")
-    parser.add_argument("--time-budget", type=float, default=None, metavar="SECONDS",
-                        help="bound on the costing stage; the rest uses the cost model")
-    parser.add_argument("--layout", choices=LAYOUT_CHOICES, default="auto",
-                        help="activation layout, as for compile (default: auto)")
+    add_flags(parser, EXPLAIN_FLAGS)
     parser.add_argument("--predict-only", action="store_true",
                         help="measure nothing: plan on logged costs and cost-model predictions "
                              "(fast; may differ from the plan a measuring compile picks)")
-    parser.add_argument("--input-shape", type=shape_arg, action="append", default=[],
-                        metavar="NAME:DIMS", help="static shape for a dynamic input (repeatable)")
-    parser.add_argument("--threads", type=int, default=None,
-                        help="TVM runtime threads for measurements (default: every core)")
-    parser.add_argument("--solver-time-limit", type=float, default=None, metavar="SECONDS",
-                        help="HiGHS time limit per subproblem (default 10)")
     add_verbosity(parser)
 
 
 def run(args) -> int:
-    explanation = explain_model(
-        args.model, target=args.target, tuning_logs=args.tuning_logs, trials=args.trials,
-        time_budget=args.time_budget, predict_only=args.predict_only,
-        input_shapes_override=dict(args.input_shape), num_threads=args.threads,
-        solver_time_limit=args.solver_time_limit, layout=args.layout)
+    """Plan the model `args` names and write the explanation in `args.format`."""
+    from .flags import config_from_args, input_shapes
+
+    explanation = explain_model(args.model, config=config_from_args(args),
+                                predict_only=args.predict_only,
+                                input_shapes_override=input_shapes(args))
     text = render(explanation, args.format)
     output = args.output
     if output is None and args.format == "html":
@@ -112,10 +100,13 @@ def explain_model(model, target=None, *, tuning_logs=None, trials=None,
                   num_threads=None, solver_time_limit=None, layout=None, config=None) -> dict:
     """Plan `model` (ONNX path, `onnx.ModelProto` or Relax `IRModule`) and describe the plan.
 
-    Keyword arguments override `config` only when given (None: as configured), as in
-    `compile_model`.
+    `config` (a KorchConfig; default: KorchConfig()) says how; the keyword arguments (`target`,
+    `tuning_logs`, `trials`, `time_budget`, `num_threads`, `solver_time_limit`, `layout`)
+    override its fields only when given (None: as configured), as in `compile_model`.
+    `predict_only` measures nothing; `input_shapes_override` ({input name: dims}) fixes dynamic
+    inputs. Returns the plan as JSON-friendly data (see `describe_plan`).
     """
-    from ..backend.target import configure_threads, parse_target, target_tag
+    from ..backend.target import configure_threads, target_tag
     from ..config import KorchConfig
     from ..errors import KorchError
     from ..pipeline.compile import has_operators
@@ -125,12 +116,12 @@ def explain_model(model, target=None, *, tuning_logs=None, trials=None,
         target=target, tuning_logs=tuning_logs, trials=trials, time_budget=time_budget,
         num_threads=num_threads, layout=layout,
         solver_time_limit=None if solver_time_limit is None else float(solver_time_limit))
-    tvm_target = parse_target(config.target)
+    tvm_target = config.target  # resolved to a Target where the config was made
     configure_threads(config.num_threads)
     name, module, trace = _load(model, input_shapes_override)
     if not has_operators(module):
         raise KorchError(f"{name} has no operators: there is no plan to explain (it runs as is)")
-    plan = plan_korch(module, config.with_changes(target=tvm_target), predict_only=predict_only)
+    plan = plan_korch(module, config, predict_only=predict_only)
     explanation = describe_plan(plan, trace)
     exact = sum(p["onnx_exact"] for p in explanation["primitives"])
     logger.debug("%d of %d primitives traced to their ONNX operator exactly%s", exact,
@@ -157,7 +148,11 @@ def _load(model, shape_overrides):
 
 
 def describe_plan(plan, trace=None) -> dict:
-    """A KorchPlan as JSON-friendly data: kernels, recomputation, stock diff, solver."""
+    """A KorchPlan as JSON-friendly data: kernels, recomputation, stock diff, solver.
+
+    `plan`: what `plan_korch` returned; `trace`: the OnnxTrace of its source model, or None
+    (the primitives then name no ONNX operator).
+    """
     graph = plan.graph
     full_report = plan.report()
     report = full_report["plan"]
@@ -172,29 +167,8 @@ def describe_plan(plan, trace=None) -> dict:
         for node in group:
             kernels_of[node].append(kernel_id)
 
-    primitives = []
-    for node, origin in zip(graph.nodes, origins):
-        operator = origin.operator if origin is not None else None
-        primitives.append({
-            "id": node.index, "op": node.op_name.removeprefix("relax."), "kind": node.kind,
-            "shape": list(node.shape) if node.shape is not None else None,
-            "inputs": list(node.inputs), "graph_inputs": list(node.graph_inputs),
-            "output": node.index in graph.outputs,
-            "onnx": operator.label if operator is not None else None,
-            "onnx_exact": bool(origin.exact) if origin is not None else False,
-            "kernels": kernels_of[node.index], "opaque": not node.fusible})
-
-    kernels = []
-    for kernel_id, entry, group in zip(kernel_ids, report["kernels"], groups):
-        onnx_ops = []
-        for node in sorted(group):
-            label = primitives[node]["onnx"]
-            if label is not None and label not in onnx_ops:
-                onnx_ops.append(label)
-        cost = plan.costs.get(entry["key"]) if entry["key"] is not None else None
-        kernels.append({"id": kernel_id, **entry, "onnx_ops": onnx_ops,
-                        "error": getattr(cost, "error", None)})
-
+    primitives = _describe_primitives(graph, origins, kernels_of)
+    kernels = _describe_kernels(plan, report["kernels"], groups, kernel_ids, primitives)
     recomputed = [{"primitive": p["id"], "op": p["op"], "kernels": p["kernels"]}
                   for p in primitives if len(p["kernels"]) > 1]
     return {
@@ -219,8 +193,42 @@ def describe_plan(plan, trace=None) -> dict:
     }
 
 
+def _describe_primitives(graph, origins, kernels_of) -> list[dict]:
+    """One entry per primitive: op, kind, shape, edges, its ONNX operator and its kernels."""
+    primitives = []
+    for node, origin in zip(graph.nodes, origins):
+        operator = origin.operator if origin is not None else None
+        primitives.append({
+            "id": node.index, "op": node.op_name.removeprefix("relax."), "kind": node.kind,
+            "shape": list(node.shape) if node.shape is not None else None,
+            "inputs": list(node.inputs), "graph_inputs": list(node.graph_inputs),
+            "output": node.index in graph.outputs,
+            "onnx": operator.label if operator is not None else None,
+            "onnx_exact": bool(origin.exact) if origin is not None else False,
+            "kernels": kernels_of[node.index], "opaque": not node.fusible})
+    return primitives
+
+
+def _describe_kernels(plan, entries, groups, kernel_ids, primitives) -> list[dict]:
+    """One entry per chosen kernel: the plan report's entry, its ONNX operators, its error."""
+    kernels = []
+    for kernel_id, entry, group in zip(kernel_ids, entries, groups):
+        onnx_ops = []
+        for node in sorted(group):
+            label = primitives[node]["onnx"]
+            if label is not None and label not in onnx_ops:
+                onnx_ops.append(label)
+        cost = plan.costs.get(entry["key"]) if entry["key"] is not None else None
+        kernels.append({"id": kernel_id, **entry, "onnx_ops": onnx_ops,
+                        "error": getattr(cost, "error", None)})
+    return kernels
+
+
 def stock_difference(chosen_groups, stock_groups, kernel_ids) -> dict:
     """How the chosen kernels relate to FuseOps' groups on the same primitives.
+
+    `chosen_groups` and `stock_groups`: sets of primitive ids; `kernel_ids`: a name per chosen
+    group.
 
     A chosen kernel is `same` as a stock group, `merged` when it takes primitives from more than
     one stock group, or `part` of a single stock group; a stock group is `split` when its
