@@ -1,0 +1,160 @@
+"""The zoo's aggregate: geomeans over the rows that ran, a markdown table and a ratio plot.
+
+Runs in the project's venv (bench/run_zoo.py); the only third-party import is matplotlib, for
+the plot, and only inside `plot`.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+
+NOISE_NOTE = ("Timings come from a shared 2-core machine (other jobs compiling beside these "
+              "runs; the load column gives the 1-minute load average before/after each model), "
+              "so every number is noisy: the p10-p90 of the paired per-round ratio is in the "
+              "JSON, and a ratio inside it is marked '≈'.")
+
+
+def geomean(values) -> float | None:
+    values = [v for v in values if v is not None and v > 0 and math.isfinite(v)]
+    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else None
+
+
+def summarize(rows: list[dict], budget: int, code: dict, note: str = "") -> dict:
+    """The aggregate JSON: rows in zoo order, geomeans over the rows that ran."""
+    ran = [row for row in rows if row["status"] == "ok"]
+    first = ran[0] if ran else {}
+    return {
+        "budget_trials_per_compile": budget,
+        "aggregated": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        "code": code,
+        "note": note,
+        "noise": NOISE_NOTE,
+        "dates": sorted({row["date"] for row in ran}),
+        "code_benched": sorted({(row.get("code") or {}).get("source", "unknown")
+                                for row in rows if row["status"] in ("ok", "failed")}),
+        "machine": first.get("machine"), "target_tag": first.get("target_tag"),
+        "threads": first.get("threads"), "versions": first.get("versions"),
+        "counts": {status: sum(row["status"] == status for row in rows)
+                   for status in sorted({row["status"] for row in rows})},
+        "geomean": {key: geomean(row.get(key) for row in ran)
+                    for key in ("korch_vs_stock", "korch_vs_ort", "korch_vs_openvino",
+                                "modelled_over_measured")},
+        "lowest_korch_vs_ort": min((row["korch_vs_ort"] for row in ran
+                                    if row.get("korch_vs_ort")), default=None),
+        "models": rows,
+    }
+
+
+def _num(value, digits=2, suffix="") -> str:
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        return "–"
+    return f"{value:.{digits}f}{suffix}"
+
+
+def _cell(text: str) -> str:
+    """Text safe inside a markdown table cell (a '|' would end the cell)."""
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def _sci(value) -> str:
+    return "–" if value is None else f"{value:.1e}"
+
+
+def _ratio(row: dict, key: str, verdict: str) -> str:
+    value = row.get(key)
+    if value is None:
+        return "–"
+    return ("≈" if row["verdicts"].get(verdict) == "within noise" else "") + f"{value:.2f}×"
+
+
+def _line(row: dict) -> str:
+    head = f"| {row['model']} | {row['category']} | {row['status']} "
+    if row["status"] != "ok":
+        return head + "| " + " | ".join(["–"] * 11) + f" | {_cell(row.get('reason') or '')} |"
+    cold, warm = row["compile_cold_s"], row["compile_warm_s"]
+    return head + (
+        f"| {_num(cold['stock'], 0)} / {_num(cold['korch'], 0)} "
+        f"(warm {_num(warm['stock'], 0)} / {_num(warm['korch'], 0)}) "
+        f"| {_num(row['stock_ms'], 2)} | {_num(row['korch_ms'], 2)} "
+        f"| {_num(row['ort_ms'], 2)} | {_num(row['openvino_ms'], 2)} "
+        f"| {_ratio(row, 'korch_vs_stock', 'stock')} | {_ratio(row, 'korch_vs_ort', 'ort')} "
+        f"| {_ratio(row, 'korch_vs_openvino', 'openvino')} "
+        f"| {_num(row['korch_modelled_ms'], 2)} ({_num(row['modelled_over_measured'], 2)}×) "
+        f"| {_sci(row['verification_rel_error'])} "
+        f"| {_num(row['load'][0], 1)} / {_num(row['load'][1], 1)} | |")
+
+
+def markdown(summary: dict) -> str:
+    machine = summary.get("machine") or {}
+    versions = summary.get("versions") or {}
+    code = summary.get("code") or {}
+    geo = summary["geomean"]
+    out = [f"# Model zoo, {summary['budget_trials_per_compile']} trials per compile",
+           "",
+           f"Machine: {machine.get('cpu')}, {machine.get('cores')} cores; target "
+           f"`{summary.get('target_tag')}`, {summary.get('threads')} threads; TVM "
+           f"{versions.get('tvm')}, ONNX Runtime {versions.get('onnxruntime')}, OpenVINO "
+           f"{versions.get('openvino') or 'not timed by this korch-tvm bench'}. Code benched: "
+           f"{'; '.join(summary['code_benched']) or '–'} (HEAD when aggregated: "
+           f"{code.get('head_when_aggregated')}). Runs: "
+           f"{', '.join(summary['dates']) or 'none'}; aggregated {summary['aggregated']}. "
+           "Each model: its own fresh tuning log, stock and Korch compiled cold then warm "
+           "(the warm compile verified against ONNX Runtime), timed interleaved in one "
+           "process (bench/run_zoo.py).",
+           "", NOISE_NOTE, ""]
+    if summary.get("note"):
+        out += [summary["note"], ""]
+    out += ["| model | category | status | compile s cold, stock / Korch | stock ms | Korch ms "
+            "| ORT ms | OpenVINO ms | Korch/stock | Korch/ORT | Korch/OpenVINO "
+            "| Korch modelled ms (/ measured) | verify rel err | load before / after "
+            "| reason |", "|" + "---|" * 15]
+    out += [_line(row) for row in summary["models"]]
+    counts = ", ".join(f"{n} {status}" for status, n in summary["counts"].items())
+    out += ["", f"Rows: {counts}. Geomean over the rows that ran: Korch/stock "
+            f"**{_num(geo['korch_vs_stock'], 2, '×')}**, Korch/ORT "
+            f"**{_num(geo['korch_vs_ort'], 2, '×')}** (lowest "
+            f"{_num(summary['lowest_korch_vs_ort'], 2, '×')}), Korch/OpenVINO "
+            f"**{_num(geo['korch_vs_openvino'], 2, '×')}**; Korch modelled / measured "
+            f"{_num(geo['modelled_over_measured'], 2, '×')}. Ratios are speed-ups (> 1: "
+            "Korch faster), from medians of paired per-round ratios.", ""]
+    return "\n".join(out) + "\n"
+
+
+def plot(summary: dict, path: str) -> bool:
+    """Korch's speed-up over stock, ORT and OpenVINO per model that ran (log scale); False
+    when matplotlib is missing or nothing ran."""
+    ran = [row for row in summary["models"] if row["status"] == "ok"]
+    try:
+        import matplotlib
+    except ImportError:
+        return False
+    if not ran:
+        if os.path.exists(path):
+            os.remove(path)  # a plot of an earlier pass would no longer match the table
+        return False
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    series = [("korch_vs_stock", "vs stock TVM"), ("korch_vs_ort", "vs ONNX Runtime"),
+              ("korch_vs_openvino", "vs OpenVINO")]
+    width = 0.8 / len(series)
+    figure, axes = plt.subplots(figsize=(max(6.0, 0.55 * len(ran) + 2), 4.5))
+    for index, (key, label) in enumerate(series):
+        xs = [i + (index - 1) * width for i, row in enumerate(ran) if row.get(key)]
+        ys = [row[key] for row in ran if row.get(key)]
+        if ys:
+            axes.bar(xs, ys, width, label=label)
+    axes.set_yscale("log")
+    axes.axhline(1.0, color="black", linewidth=0.8)
+    axes.set_xticks(range(len(ran)))
+    axes.set_xticklabels([row["model"] for row in ran], rotation=60, ha="right", fontsize=8)
+    axes.set_ylabel("Korch speed-up (> 1: Korch faster)")
+    axes.set_title(f"Model zoo, {summary['budget_trials_per_compile']} trials per compile "
+                   f"({summary.get('threads')} threads, shared machine: noisy)", fontsize=10)
+    axes.legend(fontsize=8)
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+    return True
