@@ -20,6 +20,7 @@ import argparse
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -129,6 +130,7 @@ def run_model(name: str, budget: int, args, per_model_dir: str, code: dict) -> N
     for stale in (out_json, failed_json):
         if os.path.exists(stale):
             os.remove(stale)
+    shutil.rmtree(tuning_logs, ignore_errors=True)  # fresh, as a new user's first compile
     print(f"[zoo] {name} ({budget} trials) ...", flush=True)
     load_before = os.getloadavg()[0]
     started = time.perf_counter()
