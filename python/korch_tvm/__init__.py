@@ -16,7 +16,7 @@ from .errors import KorchError
 # and error paths stay fast.
 _LAZY = {
     "compile_model": ("pipeline.compile", "compile_model"),
-    "KorchPass": ("pipeline.korch", "KorchPass"),
+    "KorchPass": ("pipeline.passes", "KorchPass"),
     "KorchConfig": ("config", "KorchConfig"),
     "PrimitiveLowering": ("lowering.fission", "PrimitiveLowering"),
     "parse_target": ("target_spec", "parse_target"),

@@ -1,7 +1,8 @@
 """compile_model: ONNX or Relax in, a built Relax executable and a report out.
 
-Two paths share everything but the middle: the stock path fuses with TVM's FuseOps/FuseTIR,
-the Korch path runs KorchPass (fission, candidates, costing, optimal orchestration). Both tune
+Two paths share everything but the middle, a pipeline of passes (pipeline/passes.py): the
+stock path fuses with TVM's FuseOps/FuseTIR, the Korch path runs KorchPass (fission,
+candidates, costing, optimal orchestration). Both tune
 through the same tuning log with the same trial budget, so comparing them compares
 orchestration only.
 """
@@ -106,18 +107,13 @@ def _optimize(source, config: KorchConfig, korch: bool, report: dict):
         logger.info("the model has no operators, so there is nothing for Korch to orchestrate")
         korch = False
         report["korch_note"] = "no operators: built on the stock path"
-    if korch:
-        from .korch import plan_korch, rewrite_plan
+    from .passes import KorchPass, StockPass, korch_pipeline, run_pipeline, stock_pipeline
 
-        plan = plan_korch(source.relax_module, config)
-        optimized, korch_report = rewrite_plan(plan)
-        report.update(korch_report)
-        return optimized, plan
-    from .stock import run_stock
-
-    optimized, stock_report = run_stock(source.relax_module, config)
-    report.update(stock_report)
-    return optimized, None
+    path = KorchPass(config) if korch else StockPass(config)
+    pipeline = (korch_pipeline if korch else stock_pipeline)(config, path)
+    optimized = run_pipeline(pipeline, source.relax_module, path)
+    report.update(path.last_report)
+    return optimized, getattr(path, "last_plan", None)
 
 
 def has_operators(mod) -> bool:

@@ -1,7 +1,8 @@
-"""KorchPass: fission -> primitive graph -> candidates -> costing -> orchestration -> rewrite.
+"""The Korch path: fission -> primitive graph -> candidates -> costing -> orchestration -> rewrite.
 
 Each stage takes the previous stage's value and returns a new one; this file only composes
-them, so reading `plan_korch` and `run_korch` tells the whole story of a Korch compile.
+them, so reading `plan_korch` and `rewrite_plan` tells the whole story of a Korch compile
+(`KorchPass`, in passes.py, runs the two).
 `plan_korch` stops before the rewrite, so `korch-tvm explain` shows the very plan a compile
 would build without building it.
 """
@@ -369,21 +370,3 @@ def rewrite_plan(plan: KorchPlan):
 def run_korch(mod: tvm.IRModule, config: KorchConfig):
     """Orchestrate `main` of `mod`; returns (module ready for tvm.compile, report dict)."""
     return rewrite_plan(plan_korch(mod, config))
-
-
-@tvm.transform.module_pass(opt_level=0, name="KorchPass")
-class KorchPass:
-    """Use in place of FuseOps/FuseTIR: rebuild `main` as the optimal set of tuned kernels.
-
-    On the CPU the result goes straight to `tvm.compile` (its pipeline does not re-fuse); for
-    CUDA build it with `korch_tvm.backend.cuda.build`, since TVM's CUDA pipeline runs FuseOps
-    again. The report of the last run is kept in `last_report`.
-    """
-
-    def __init__(self, config: KorchConfig | None = None):
-        self.config = config or KorchConfig()
-        self.last_report: dict | None = None
-
-    def transform_module(self, mod: tvm.IRModule, ctx) -> tvm.IRModule:
-        optimized, self.last_report = run_korch(mod, self.config)
-        return optimized
