@@ -36,9 +36,8 @@ class KorchConfig:
     # think per task.
     trials_per_kernel: int | None = None
     time_budget: float | None = None
-    # Candidates per primitive grow from 7.0 (6) to 10.1 (8) on SegFormer-b0
-    # (candidates/enumerate.py), and every candidate is a kernel to measure; TVM's larger fusion
-    # groups are candidates anyway.
+    # The number of candidates per primitive grows with this size (candidates/enumerate.py), and
+    # every candidate is a kernel to measure; TVM's larger fusion groups are candidates anyway.
     max_kernel_size: int = 6
     max_subproblem_nodes: int = 48
     prune_margin: float = 0.5
