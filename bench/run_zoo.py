@@ -256,7 +256,10 @@ def zoo_row(result: dict) -> dict:
         "load": [result.get("load_before"), result.get("load_after")],
         "versions": {"tvm": result.get("tvm_version"),
                      "onnxruntime": result.get("onnxruntime_version"),
-                     "openvino": result.get("openvino_version")},
+                     "openvino": result.get("openvino_version")
+                     or (result.get("openvino") or {}).get("version")},
+        "foreign_settings": {name: (result.get(name) or {}).get("settings")
+                             for name in ("onnxruntime", "openvino")},
         "machine": result.get("machine"), "target_tag": result.get("target_tag"),
     }
 
