@@ -9,7 +9,7 @@
 
 Each model runs in its own `korch-tvm bench` process (stock and Korch compiled cold then warm
 with the same trial budget into the same tuning-log directory, then timed interleaved with ONNX
-Runtime); its full result goes to `bench/results/<target>/<model>.json` and its log beside it;
+Runtime and OpenVINO); its full result goes to `bench/results/<target>/<model>.json` and its log beside it;
 the full compile reports and libraries are kept in `<tuning-logs>/reports/`. After the last
 model, every model that ran is timed again, together, from those libraries (the machine's speed
 drifts over the run; `--no-final-retime` skips it); each first timing stays in its JSON.
@@ -41,7 +41,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, os.path.join(ROOT, "python"))
 
-from korch_tvm.tools import bench  # noqa: E402  (TVM is imported only inside its functions)
+# TVM is imported only inside these modules' functions
+from korch_tvm.tools import bench_floor, bench_stats, bench_summary, bench_workers  # noqa: E402
 
 # name, file, trials per compile (stock and Korch each), time budget of the costing stage (s)
 SUITE = [
@@ -113,9 +114,9 @@ def main(argv=None) -> int:
                              machine_path)]
         if args.final_retime and len(ran) > 1:
             # Each model is timed right after its own compiles, so the rows' timings spread over
-            # the whole run, and this machine's speed drifts within an hour (Candy's Korch/stock
-            # went 0.87x -> 1.07x between two timings of the same libraries). Timing them all
-            # again together puts every row in one period; the first timing stays listed.
+            # the whole run while the machine's speed drifts (bench/results/HISTORY.md). Timing
+            # them all again together puts every row in one period; the first timing stays
+            # listed.
             print(f"[suite] timing the {len(ran)} models again, together", flush=True)
             for name, path in ran:
                 try:
@@ -125,7 +126,7 @@ def main(argv=None) -> int:
                           f"{os.path.join(per_model_dir, name + '.retime.log')})", flush=True)
     skipped = dict(item.split("=", 1) for item in args.skipped_reason)
     aggregate(per_model_dir, os.path.join(args.out, args.target), skipped,
-              bench._load_json(machine_path) if os.path.exists(machine_path) else None)
+              bench_summary.load_json(machine_path) if os.path.exists(machine_path) else None)
     return 0
 
 
@@ -159,7 +160,7 @@ def run_model(name, path, trials, budget, args, per_model_dir, machine_path) -> 
     result["suite_seconds"] = round(seconds, 1)
     result["command"] = " ".join(os.path.relpath(c, ROOT) if c.startswith(ROOT) else c
                                  for c in command)
-    bench.write_json(out_json, result)
+    bench_summary.write_json(out_json, result)
     print(f"[suite] {name} done in {seconds:.0f} s", flush=True)
     return True
 
@@ -193,19 +194,21 @@ def aggregate(per_model_dir: str, stem: str, skipped: dict, machine: dict | None
         with open(os.path.join(per_model_dir, file), encoding="utf-8") as handle:
             result = json.load(handle)
         if machine:  # one machine measurement for every model, whenever each ran
-            result["floor"] = bench.floor_report(
+            result["floor"] = bench_floor.floor_report(
                 result["work"], machine,
                 {name: stats["median"] for name, stats in result["latency_ms"].items()})
         rows.append(model_row(file[:-5], result))
     ratios = [r["korch_vs_stock"] for r in rows]
     ort = [r["korch_vs_ort"] for r in rows if r["korch_vs_ort"] is not None]
+    openvino = [r["korch_vs_openvino"] for r in rows if r["korch_vs_openvino"] is not None]
     ceilings = [r["orchestration_ceiling"] for r in rows if r["orchestration_ceiling"]]
     summary = {
         "models": rows,
-        "geomean_korch_vs_stock": bench.geomean(ratios),
-        "geomean_korch_vs_ort": bench.geomean(ort) if ort else None,
+        "geomean_korch_vs_stock": bench_stats.geomean(ratios),
+        "geomean_korch_vs_ort": bench_stats.geomean(ort) if ort else None,
+        "geomean_korch_vs_openvino": bench_stats.geomean(openvino) if openvino else None,
         "min_korch_vs_stock": min(ratios) if ratios else None,
-        "geomean_orchestration_ceiling": bench.geomean(ceilings) if ceilings else None,
+        "geomean_orchestration_ceiling": bench_stats.geomean(ceilings) if ceilings else None,
         "failed": failed,
         "skipped": skipped,
     }
@@ -213,6 +216,8 @@ def aggregate(per_model_dir: str, stem: str, skipped: dict, machine: dict | None
         first = rows[0]["raw"]
         summary.update({"machine": first["machine"], "tvm_version": first["tvm_version"],
                         "onnxruntime_version": first["onnxruntime_version"],
+                        "openvino_version": first.get("openvino_version"),
+                        "openvino_settings": (first.get("openvino") or {}).get("settings"),
                         "target": first["target"], "target_tag": first["target_tag"],
                         "threads": first["threads"], "dates": sorted({r["raw"]["date"][:10]
                                                                       for r in rows}),
@@ -228,7 +233,7 @@ def aggregate(per_model_dir: str, stem: str, skipped: dict, machine: dict | None
             "measured": machine.get("date")}
     for row in rows:
         del row["raw"]
-    bench.write_json(stem + ".json", summary)
+    bench_summary.write_json(stem + ".json", summary)
     with open(stem + ".md", "w", encoding="utf-8") as handle:
         handle.write(markdown(summary))
     print(markdown(summary))
@@ -258,11 +263,13 @@ def model_row(name: str, result: dict) -> dict:
     warm_k, warm_s = korch.get("warm", {}), stock.get("warm", {})
     floor = result.get("floor") or {}
     kvo = ratios.get("korch_vs_onnxruntime")
+    kvov = ratios.get("korch_vs_openvino")
     verification = (warm_k or korch["cold"]).get("verification") or {}
     return {
         "model": name,
         "stock_ms": lat["stock"], "korch_ms": lat["korch"],
         "ort_ms": lat.get("onnxruntime"),
+        "openvino_ms": lat.get("openvino"),
         "korch_vs_stock": ratios["korch_vs_stock"]["ratio"],
         "korch_vs_stock_p10_p90": [ratios["korch_vs_stock"]["p10"],
                                    ratios["korch_vs_stock"]["p90"]],
@@ -270,6 +277,10 @@ def model_row(name: str, result: dict) -> dict:
         "korch_vs_ort": kvo["ratio"] if kvo else None,
         "korch_vs_ort_p10_p90": [kvo["p10"], kvo["p90"]] if kvo else None,
         "korch_vs_ort_verdict": kvo["verdict"] if kvo else None,
+        "korch_vs_openvino": kvov["ratio"] if kvov else None,
+        "korch_vs_openvino_p10_p90": [kvov["p10"], kvov["p90"]] if kvov else None,
+        "korch_vs_openvino_verdict": kvov["verdict"] if kvov else None,
+        "openvino_verification": (result.get("openvino") or {}).get("verification"),
         "compile_cold_s": {"stock": stock["cold"]["compile_seconds"],
                            "korch": korch["cold"]["compile_seconds"]},
         "compile_warm_s": {"stock": warm_s.get("compile_seconds"),
@@ -319,7 +330,9 @@ def markdown(summary: dict) -> str:
         out.append(f"Machine: {machine.get('cpu')}, {machine.get('cores')} cores, "
                    f"{machine.get('memory_gb')} GB, {machine.get('os')}; TVM "
                    f"{summary.get('tvm_version')}, ONNX Runtime "
-                   f"{summary.get('onnxruntime_version')}; "
+                   f"{summary.get('onnxruntime_version')}, OpenVINO "
+                   f"{summary.get('openvino_version') or 'not run'}"
+                   f"{_settings_text(summary.get('openvino_settings'))}; "
                    f"target `{summary.get('target_tag')}`, {summary.get('threads')} threads; "
                    f"date {', '.join(summary.get('dates', []))}; suite wall time "
                    f"{summary.get('suite_seconds', 0) / 60:.0f} min.")
@@ -329,12 +342,13 @@ def markdown(summary: dict) -> str:
                        f"GFLOP/s (numpy sgemm {peaks['numpy_sgemm_gflops']}), memory bandwidth "
                        f"{peaks['bandwidth_gb_per_s']} GB/s.")
         out.append("")
-    out.append("| model | math | layout (stock / Korch) | stock ms | Korch ms | ORT ms | Korch/stock | Korch/ORT | floor ms | "
+    out.append("| model | math | layout (stock / Korch) | stock ms | Korch ms | ORT ms | "
+               "OpenVINO ms | Korch/stock | Korch/ORT | Korch/OpenVINO | floor ms | "
                "Korch/floor | compile cold s (stock / Korch) | warm s (stock / Korch) | "
-               "peak compile MB (stock / Korch) | inference MB (stock / Korch / ORT) | "
+               "peak compile MB (stock / Korch) | inference MB (stock / Korch / ORT / OpenVINO) | "
                "trials | candidates (distinct, pruned) | kernels (Korch / stock) | "
                "solver gap | verify err |")
-    out.append("|" + "---|" * 19)
+    out.append("|" + "---|" * 21)
     for r in rows:
         mem = r.get("inference_peak_mb") or {}
         lof = (r.get("latency_over_floor") or {}).get("korch")
@@ -344,16 +358,19 @@ def markdown(summary: dict) -> str:
             f"| {_fmt(r['stock_ms']['median'], 3)} ±{_spread(r['stock_ms'])} "
             f"| {_fmt(r['korch_ms']['median'], 3)} ±{_spread(r['korch_ms'])} "
             f"| {_fmt(r['ort_ms']['median'], 3) if r['ort_ms'] else '–'} "
+            f"| {_fmt(r['openvino_ms']['median'], 3) if r.get('openvino_ms') else '–'} "
             "| " + _ratio(r['korch_vs_stock'], r['korch_vs_stock_p10_p90'],
                           r['korch_vs_stock_verdict']) + " "
             f"| {_ratio(r['korch_vs_ort'], r['korch_vs_ort_p10_p90'], r['korch_vs_ort_verdict'])} "
+            "| " + _ratio(r.get('korch_vs_openvino'), r.get('korch_vs_openvino_p10_p90'),
+                          r.get('korch_vs_openvino_verdict')) + " "
             f"| {_fmt(r['floor_ms'], 3)} ({r['floor_bound'] or '–'}) | {_fmt(lof, 1, '×')} "
             f"| {_fmt(r['compile_cold_s']['stock'], 0)} / {_fmt(r['compile_cold_s']['korch'], 0)} "
             f"| {_fmt(r['compile_warm_s']['stock'], 1)} / {_fmt(r['compile_warm_s']['korch'], 1)} "
             f"| {_fmt(r['compile_peak_mb']['stock'], 0)} / "
             f"{_fmt(r['compile_peak_mb']['korch'], 0)} "
             f"| {_fmt(mem.get('stock'), 0)} / {_fmt(mem.get('korch'), 0)} / "
-            f"{_fmt(mem.get('onnxruntime'), 0)} "
+            f"{_fmt(mem.get('onnxruntime'), 0)} / {_fmt(mem.get('openvino'), 0)} "
             f"| {r['trials_budget']} ({r['trials_run_cold']['stock']} / "
             f"{r['trials_run_cold']['korch']} run) "
             f"| {r['candidates']} ({r['distinct_kernels']}, {r['pruned']}) "
@@ -363,7 +380,9 @@ def markdown(summary: dict) -> str:
     out.append("")
     out.append(f"Geomean Korch/stock: **{_fmt(summary['geomean_korch_vs_stock'], 2, '×')}** "
                f"(lowest {_fmt(summary['min_korch_vs_stock'], 2, '×')}); geomean Korch/ORT: "
-               f"**{_fmt(summary['geomean_korch_vs_ort'], 2, '×')}**. Ratios are speed-ups "
+               f"**{_fmt(summary['geomean_korch_vs_ort'], 2, '×')}**; geomean Korch/OpenVINO: "
+               f"**{_fmt(summary.get('geomean_korch_vs_openvino'), 2, '×')}**. Ratios are "
+               "speed-ups "
                "(> 1: Korch faster); in brackets the p10–p90 of the per-round paired ratio; "
                "'≈' marks a difference inside that spread. ± is (p90 − p10) / 2 of the "
                "samples. Math: how exp/sigmoid/tanh/erf were legalized (lowering/fast_math.py; 'exact' "
@@ -430,6 +449,13 @@ def _ratio(value, p10_p90, verdict) -> str:
     return f"{mark}{value:.2f}× [{p10_p90[0]:.2f}–{p10_p90[1]:.2f}]"
 
 
+def _settings_text(settings) -> str:
+    """' (CPU, INFERENCE_NUM_THREADS 2, ...)' for a runtime's settings, '' when unknown."""
+    if not settings:
+        return ""
+    return " (" + ", ".join(f"{key} {value}" for key, value in settings.items()) + ")"
+
+
 def _fmt_sci(value) -> str:
     return "–" if value is None else f"{value:.1e}"
 
@@ -452,12 +478,12 @@ def prune_study(models, args) -> int:
                         shutil.copy(os.path.join(args.cost_model, file), directory)
         runs = {}
         for label, margin in (("full", float("inf")), ("default", None)):
-            task = {"kind": "compile", "model": model, "target": args.target, "korch": True,
-                    "tuning_logs": os.path.join(scratch, label), "trials": 0,
-                    "time_budget": None, "verify": False, "input_shapes": None,
-                    "threads": None, "library": None, "prune_margin": margin}
+            config = {"target": args.target, "tuning_logs": os.path.join(scratch, label),
+                      "trials": 0, **({} if margin is None else {"prune_margin": margin})}
+            task = {"kind": "compile", "model": model, "korch": True, "config": config,
+                    "verify": False, "input_shapes": None, "library": None}
             print(f"[prune] {name}: {label} ...", flush=True)
-            report = bench._child(task)["report"]
+            report = bench_workers.run_child(task)["report"]
             stages = report["stage_seconds"]
             runs[label] = {
                 "costing_seconds": round(stages.get("prediction", 0) + stages.get("measurement", 0)
@@ -489,7 +515,7 @@ def prune_study(models, args) -> int:
                if args.cost_model else "analytic estimate (fresh logs hold no cost model)",
                "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "code": code_version(),
                "models": results}
-    bench.write_json(out, results)
+    bench_summary.write_json(out, results)
     print(json.dumps(results, indent=2))
     return 0
 

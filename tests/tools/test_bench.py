@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from korch_tvm.tools import bench
+from korch_tvm.tools import bench, bench_compare, bench_floor, bench_stats, bench_summary
 
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -18,12 +18,12 @@ def test_percentile_matches_numpy():
     np = pytest.importorskip("numpy")
     data = [5.0, 1.0, 4.0, 2.0, 3.0, 10.0, 7.5]
     for q in (0, 10, 25, 50, 90, 100):
-        assert bench.percentile(data, q) == pytest.approx(float(np.percentile(data, q)))
-    assert math.isnan(bench.percentile([], 50))
+        assert bench_stats.percentile(data, q) == pytest.approx(float(np.percentile(data, q)))
+    assert math.isnan(bench_stats.percentile([], 50))
 
 
 def test_summarize_samples():
-    stats = bench.summarize_samples([1.0, 2.0, 3.0, 4.0, 5.0])
+    stats = bench_stats.summarize_samples([1.0, 2.0, 3.0, 4.0, 5.0])
     assert stats["median"] == 3.0
     assert stats["p10"] == pytest.approx(1.4)
     assert stats["p90"] == pytest.approx(4.6)
@@ -34,22 +34,22 @@ def test_summarize_samples():
 def test_paired_ratio_and_verdict():
     stock = [2.0, 2.2, 2.1, 4.0, 2.0]  # one slow moment of the machine (round 4) hits both
     korch = [1.0, 1.1, 1.0, 2.0, 1.0]
-    ratio = bench.paired_ratio(stock, korch)
+    ratio = bench_stats.paired_ratio(stock, korch)
     assert ratio["ratio"] == pytest.approx(2.1 / 1.0)
     assert ratio["p10"] > 1.9 and ratio["p90"] < 2.2
     assert ratio["verdict"] == "faster"
-    slower = bench.paired_ratio(korch, stock)
+    slower = bench_stats.paired_ratio(korch, stock)
     assert slower["ratio"] < 1 and slower["verdict"] == "slower"
-    noisy = bench.paired_ratio([1.0, 1.2, 0.9, 1.1], [1.1, 1.0, 1.0, 1.05])
+    noisy = bench_stats.paired_ratio([1.0, 1.2, 0.9, 1.1], [1.1, 1.0, 1.0, 1.05])
     assert noisy["verdict"] == "within noise"
     with pytest.raises(ValueError):
-        bench.paired_ratio([1.0], [1.0, 2.0])
+        bench_stats.paired_ratio([1.0], [1.0, 2.0])
 
 
 def test_geomean_ignores_missing():
-    assert bench.geomean([2.0, 8.0]) == pytest.approx(4.0)
-    assert bench.geomean([2.0, None, float("nan"), 8.0]) == pytest.approx(4.0)
-    assert math.isnan(bench.geomean([]))
+    assert bench_stats.geomean([2.0, 8.0]) == pytest.approx(4.0)
+    assert bench_stats.geomean([2.0, None, float("nan"), 8.0]) == pytest.approx(4.0)
+    assert math.isnan(bench_stats.geomean([]))
 
 
 def test_interleaved_samples_time_cap():
@@ -58,7 +58,7 @@ def test_interleaved_samples_time_cap():
     def call():
         now[0] += 1.0
 
-    samples = bench.interleaved_samples({"a": call, "b": call}, 100, warmup=1, min_sample_s=0.0,
+    samples = bench_stats.interleaved_samples({"a": call, "b": call}, 100, warmup=1, min_sample_s=0.0,
                                         max_seconds=10.0, clock=lambda: now[0],
                                         sleep=lambda s: None)
     assert len(samples["a"]) == 5 and len(samples["b"]) == 5  # 2 s a round -> 5 rounds
@@ -78,7 +78,7 @@ def test_interleaved_samples_order_number_and_gap():
         return call
 
     runners = {"a": runner("a", 0.004), "b": runner("b", 0.010), "c": runner("c", 0.030)}
-    samples = bench.interleaved_samples(runners, 3, warmup=2, min_sample_s=0.02, gap_s=0.001,
+    samples = bench_stats.interleaved_samples(runners, 3, warmup=2, min_sample_s=0.02, gap_s=0.001,
                                         clock=clock, sleep=sleeps.append)
     assert calls[:6] == ["a", "a", "b", "b", "c", "c"]  # warm-up, per runner
     timed = calls[6:]
@@ -92,30 +92,30 @@ def test_interleaved_samples_order_number_and_gap():
 
 
 def test_linear_flops():
-    assert bench.linear_flops("relax.matmul", [[64, 256], [256, 1024]], [64, 1024]) \
+    assert bench_floor.linear_flops("relax.matmul", [[64, 256], [256, 1024]], [64, 1024]) \
         == 2 * 64 * 1024 * 256
     # batched matmul: K from the first operand
-    assert bench.linear_flops("relax.matmul", [[4, 8, 16], [4, 16, 32]], [4, 8, 32]) \
+    assert bench_floor.linear_flops("relax.matmul", [[4, 8, 16], [4, 16, 32]], [4, 8, 32]) \
         == 2 * 4 * 8 * 32 * 16
     # conv2d 3x3, 16 -> 32 channels: 2 * |out| * C_in * 9
-    assert bench.linear_flops("relax.nn.conv2d", [[1, 16, 8, 8], [32, 16, 3, 3]],
+    assert bench_floor.linear_flops("relax.nn.conv2d", [[1, 16, 8, 8], [32, 16, 3, 3]],
                               [1, 32, 8, 8]) == 2 * 32 * 64 * 16 * 9
     # depthwise: weight [C, 1, 3, 3] -> 9 MACs per output element
-    assert bench.linear_flops("relax.nn.conv2d", [[1, 32, 8, 8], [32, 1, 3, 3]],
+    assert bench_floor.linear_flops("relax.nn.conv2d", [[1, 32, 8, 8], [32, 1, 3, 3]],
                               [1, 32, 8, 8]) == 2 * 32 * 64 * 9
     # conv2d_transpose: weight [C_in, C_out, k, k]; each input element -> C_out * k * k MACs
-    assert bench.linear_flops("relax.nn.conv2d_transpose", [[1, 8, 4, 4], [8, 4, 2, 2]],
+    assert bench_floor.linear_flops("relax.nn.conv2d_transpose", [[1, 8, 4, 4], [8, 4, 2, 2]],
                               [1, 4, 8, 8]) == 2 * 8 * 16 * 4 * 4
     with pytest.raises(ValueError):
-        bench.linear_flops("relax.add", [[1], [1]], [1])
+        bench_floor.linear_flops("relax.add", [[1], [1]], [1])
 
 
 def test_floor_seconds_picks_the_binding_term():
-    compute = bench.floor_seconds(flops=1e9, min_bytes=1e6, peak_flops=1e11, bandwidth=1e10)
+    compute = bench_floor.floor_seconds(flops=1e9, min_bytes=1e6, peak_flops=1e11, bandwidth=1e10)
     assert compute["seconds"] == pytest.approx(0.01) and compute["bound"] == "compute"
-    memory = bench.floor_seconds(flops=1e6, min_bytes=1e9, peak_flops=1e11, bandwidth=1e10)
+    memory = bench_floor.floor_seconds(flops=1e6, min_bytes=1e9, peak_flops=1e11, bandwidth=1e10)
     assert memory["seconds"] == pytest.approx(0.1) and memory["bound"] == "memory"
-    report = bench.floor_report({"linear_flops": 1e9, "min_bytes": 1e6},
+    report = bench_floor.floor_report({"linear_flops": 1e9, "min_bytes": 1e6},
                                 {"matmul_peak_flops": 1e11, "bandwidth_bytes_per_s": 1e10},
                                 {"korch": 50.0, "stock": None})
     assert report["ms"] == pytest.approx(10.0)
@@ -138,7 +138,7 @@ def test_model_work_on_a_tiny_model():
             z = builder.emit(relax.op.nn.layer_norm(y, gamma, beta, axes=[-1]))
             out = builder.emit_output(relax.op.nn.relu(z))
         builder.emit_func_output(out)
-    work = bench.model_work(builder.get())
+    work = bench_floor.model_work(builder.get())
     assert work["linear_primitives"] == 1
     assert work["linear_flops"] == 2 * 8 * 32 * 16
     assert work["input_bytes"] == 8 * 16 * 4
@@ -151,7 +151,7 @@ def test_model_work_on_a_tiny_model():
 
 
 def test_machine_info_has_the_basics():
-    info = bench.machine_info()
+    info = bench_floor.machine_info()
     assert info["cores"] >= 1 and info["cpu"]
 
 
@@ -166,12 +166,12 @@ def test_suite_table_from_a_result(tmp_path):
              "tuning": {"from_log": 0}, "kernel_calls": 12, "modelled_ms": 2.0,
              "verification": {"max_rel_error": 1e-7}}
     result = {
-        "model": "tiny.onnx", "date": "2025-01-01 00:00:00", "machine": bench.machine_info(),
+        "model": "tiny.onnx", "date": "2025-01-01 00:00:00", "machine": bench_floor.machine_info(),
         "tvm_version": "x", "onnxruntime_version": "y", "target": "llvm",
         "target_tag": "llvm-test-2c", "threads": 2, "trials_budget": 8,
-        "latency_ms": {k: bench.summarize_samples(v) for k, v in samples.items()},
-        "ratios": {"korch_vs_stock": bench.paired_ratio(samples["stock"], samples["korch"]),
-                   "korch_vs_onnxruntime": bench.paired_ratio(samples["onnxruntime"],
+        "latency_ms": {k: bench_stats.summarize_samples(v) for k, v in samples.items()},
+        "ratios": {"korch_vs_stock": bench_stats.paired_ratio(samples["stock"], samples["korch"]),
+                   "korch_vs_onnxruntime": bench_stats.paired_ratio(samples["onnxruntime"],
                                                               samples["korch"])},
         "compile": {"stock": {"cold": phase, "warm": {**phase, "trials_run": 0}},
                     "korch": {"cold": phase,
@@ -189,7 +189,7 @@ def test_suite_table_from_a_result(tmp_path):
     }
     directory = tmp_path / "llvm"
     directory.mkdir()
-    bench.write_json(str(directory / "tiny.json"), result)
+    bench_summary.write_json(str(directory / "tiny.json"), result)
     summary = run_suite.aggregate(str(directory), str(tmp_path / "llvm"), {"big": "too slow"})
     assert summary["geomean_korch_vs_stock"] == pytest.approx(2.0)
     assert summary["geomean_korch_vs_ort"] == pytest.approx(1.5)
@@ -213,9 +213,10 @@ def test_bench_and_retime_a_tiny_conv_model_end_to_end(tmp_path):
     model = tmp_path / "conv.onnx"
     onnx.save(conv_block_onnx(8, 10), str(model))
     reports = tmp_path / "reports"
-    timing = dict(repeat=2, warmup=1, min_sample_ms=1.0, gap_ms=1.0)
-    result = bench.bench_model(str(model), tuning_logs=str(tmp_path / "logs"),
-                               warm=False, memory=False, reports_dir=str(reports), **timing)
+    timing = bench_stats.TimingProtocol(repeat=2, warmup=1, min_sample_ms=1.0, gap_ms=1.0)
+    result = bench_compare.bench_model(str(model), {"tuning_logs": str(tmp_path / "logs")},
+                                       warm=False, memory=False, reports_dir=str(reports),
+                                       timing=timing)
     for path in ("stock", "korch"):
         compiled = result["compile"][path]["cold"]
         # Korch may also plan a layout per region (region_layout.py), the stock path never
@@ -229,11 +230,12 @@ def test_bench_and_retime_a_tiny_conv_model_end_to_end(tmp_path):
         # to the modelled latency
         rows = result["in_model"]["kernels"][path]
         assert sum(r["isolated_ms"] for r in rows) == pytest.approx(compiled["modelled_ms"])
-    assert any("layout" in line for line in bench.summary_lines(result))
+    assert any("layout" in line for line in bench_summary.summary_lines(result))
     # the stock run's memory-bound kernels (pads, layout changes) take some of its time
     assert result["orchestration_ceiling"] > 1.0
-    assert any("orchestration ceiling" in line for line in bench.summary_lines(result))
-    retimed = bench.retime(str(model), result, str(reports), with_ort=False, **timing)
+    assert any("orchestration ceiling" in line for line in bench_summary.summary_lines(result))
+    retimed = bench_compare.retime(str(model), result, str(reports), with_ort=False,
+                                   timing=timing)
     assert retimed["earlier_timings"][0]["samples_ms"] == result["samples_ms"]
     assert retimed["in_model"]["kernels"]["korch"], "the re-time profiles the kernels again"
 
@@ -244,7 +246,7 @@ def _recorded_result():
                "onnxruntime": [1.5, 1.5, 1.9, 1.6], "openvino": [1.3, 1.4, 1.3, 1.3]}
     return {"model": "tiny.onnx", "threads": 2, "trials_budget": 64, "trials_per_kernel": None,
             "machine": {"cpu": "Test CPU", "cores": 2},
-            "latency_ms": {k: bench.summarize_samples(v) for k, v in samples.items()}}
+            "latency_ms": {k: bench_stats.summarize_samples(v) for k, v in samples.items()}}
 
 
 def _png_size(path):
@@ -279,7 +281,7 @@ def test_bench_writes_its_latency_plot_from_a_recorded_result(tmp_path, capsys):
 def test_suite_rows_plot_with_the_same_drawing():
     from korch_tvm.report import bench_plot
 
-    stats = bench.summarize_samples([1.0, 2.0, 3.0])
+    stats = bench_stats.summarize_samples([1.0, 2.0, 3.0])
     rows = {"models": [{"model": "a", "stock_ms": stats, "korch_ms": stats, "ort_ms": None,
                         "trials_budget": 128, "korch_vs_stock": 1.0}]}
     assert bench_plot.suite_latencies(rows) == [("a", {"stock": stats, "korch": stats})]
