@@ -10,9 +10,10 @@ from tvm.s_tir.meta_schedule.tune_context import _normalize_mod
 from korch_tvm.backend.rewrite import share_identical_kernels
 from korch_tvm.candidates.enumerate import KernelRules, enumerate_candidates
 from korch_tvm.graph.primitive_graph import PrimitiveGraph
-from korch_tvm.kernels.fused import (build_partition_module, _remap, candidate_io,
-                                     candidate_kernel, canonical_prim_func, distinct_kernels,
-                                     kernel_module, structural_key)
+from korch_tvm.kernels.fused import (build_partition_module, candidate_io, candidate_kernel,
+                                     canonical_prim_func, distinct_kernels, kernel_module,
+                                     structural_key)
+from korch_tvm.kernels.group_block import remap
 from test_primitive_graph import SEQ, HIDDEN, assert_same_outputs, transformer_module
 
 
@@ -34,7 +35,7 @@ def intermediate_values(graph, inputs) -> dict:
         with builder.dataflow():
             mapping = dict(zip(func.params, params))
             for binding in func.body.blocks[0].bindings:
-                mapping[binding.var] = builder.emit(_remap(binding.value, mapping))
+                mapping[binding.var] = builder.emit(remap(binding.value, mapping))
             out = builder.emit_output(relax.Tuple([mapping[v] for v in tensors]))
         builder.emit_func_output(out)
     vm = relax.VirtualMachine(tvm.compile(builder.get(), target="llvm"), tvm.cpu())

@@ -1,0 +1,83 @@
+"""The legalized main as bindings, and one node group as a private Primitive Relax function.
+
+The construction both a partition module (`partition.py`) and a standalone candidate kernel
+(`fused.py`) share, so that a kernel inside a partition is the same PrimFunc as the candidate.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+import tvm
+from tvm import relax
+
+from ..graph.primitive_graph import PrimitiveGraph, leaves
+
+
+class BindingBlock:
+    """Binding-level facts of the legalized main that every group construction needs."""
+
+    def __init__(self, graph: PrimitiveGraph):
+        assert graph.legalized is not None, "a graph built with from_edges has no module"
+        self.graph = graph
+        self.func = graph.legalized[graph.func_name]
+        self.bindings = list(self.func.body.blocks[0].bindings)
+        self.position_of = {b.var: p for p, b in enumerate(self.bindings)}
+        self.readers = [set() for _ in self.bindings]
+        for position, binding in enumerate(self.bindings):
+            for leaf in leaves(binding.value):
+                if isinstance(leaf, relax.Var) and leaf in self.position_of:
+                    self.readers[self.position_of[leaf]].add(position)
+        returned = {x for x in leaves(self.func.body.body) if isinstance(x, relax.Var)}
+        self.escapes = [not isinstance(b.var, relax.DataflowVar) or b.var in returned
+                        for b in self.bindings]
+        self.node_positions = {p for n in graph.nodes for p in n.bindings}
+
+    def members(self, nodes: Iterable[int]) -> list[int]:
+        return sorted(p for i in set(nodes) for p in self.graph.nodes[i].bindings)
+
+    def external_inputs(self, members: list[int]) -> list:
+        """Vars and constants read by the members but bound outside, in first-read order."""
+        inside = {self.bindings[p].var for p in members}
+        found: dict = {}
+        for position in members:
+            for leaf in leaves(self.bindings[position].value):
+                if leaf not in inside and leaf not in found:
+                    found[leaf] = None
+        return list(found)
+
+    def exports(self, members: list[int]) -> list[int]:
+        member_set = set(members)
+        return [p for p in members if self.escapes[p] or not self.readers[p] <= member_set]
+
+
+def remap(expr, mapping: dict):
+    if isinstance(expr, (relax.Var, tvm.ir.expr.Constant)):
+        return mapping.get(expr, expr)
+    if isinstance(expr, relax.Tuple):
+        return relax.Tuple([remap(x, mapping) for x in expr.fields])
+    if isinstance(expr, relax.TupleGetItem):
+        return relax.TupleGetItem(remap(expr.tuple_value, mapping), expr.index)
+    if isinstance(expr, relax.Call):
+        return relax.Call(expr.op, [remap(a, mapping) for a in expr.args], expr.attrs,
+                          expr.ty_args)
+    return expr
+
+
+def group_function(block: BindingBlock, members, inputs, exports, group: int) -> relax.Function:
+    """The private Primitive function computing `members`; returns the exported values."""
+    sub = relax.BlockBuilder()
+    params = [relax.Var(x.name if isinstance(x, relax.Var) else f"c{k}", x.ty)
+              for k, x in enumerate(inputs)]
+    attrs = {"Primitive": True, "korch_group": group}  # korch_group also defeats add_func dedup
+    with sub.function("f", params, attrs=attrs, private=True):
+        with sub.dataflow():
+            mapping = dict(zip(inputs, params))
+            for position in members:
+                binding = block.bindings[position]
+                mapping[binding.var] = sub.emit(remap(binding.value, mapping), binding.var.name)
+            outs = [mapping[block.bindings[p].var] for p in exports]
+            out = sub.emit_output(outs[0] if len(outs) == 1 else relax.Tuple(outs))
+        sub.emit_func_output(out)
+    (function,) = [f for _, f in sub.get().functions_items()]
+    return function
