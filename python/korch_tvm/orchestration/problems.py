@@ -8,11 +8,13 @@ plan.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from ..costing.cost_model import prune_candidates
+from ..costing.failed_costs import is_failed
 from .solver import KernelChoice, OrchestrationProblem, Plan
 
 
@@ -21,17 +23,30 @@ from .solver import KernelChoice, OrchestrationProblem, Plan
 _OPAQUE_COST = 0.0
 
 
-# A stock FuseOps group that could not be measured (failed or timed out in an earlier run) still
-# stands in the program at this price, so the stock plan stays feasible and any plan avoiding
-# the kernel wins; a kernel that truly cannot build fails the stock build the same way.
-_UNMEASURABLE_STOCK_COST = 1e3
+def _kernel_seconds(key: str | None, costs: Mapping[str, object], is_stock: bool) -> float:
+    """The price a kernel enters the program at; inf: never chosen.
 
-
-def _kernel_seconds(key: str | None, costs: Mapping[str, object], is_stock: bool = False) -> float:
+    A failed kernel (costing/failed_costs.py: it did not build or its run died) is kept out of
+    every plan unless it is a stock FuseOps group: the stock build builds those anyway, and the
+    stock plan must stay feasible. A stock group then costs what costing put in for it, its
+    prediction; one with no finite cost at all (a caller that skipped costing) is priced by
+    `_stand_in_seconds` in `orchestration_problems`, never by a placeholder.
+    """
     if key is None:
         return _OPAQUE_COST
-    seconds = float(costs[key].seconds)
-    return _UNMEASURABLE_STOCK_COST if is_stock and not math.isfinite(seconds) else seconds
+    cost = costs[key]
+    if not is_failed(cost):
+        return float(cost.seconds)
+    return float(cost.seconds) if is_stock else math.inf
+
+
+def _stand_in_seconds(choices: Sequence[KernelChoice], size: int) -> float:
+    """For a stock group with no finite cost: `size` primitives at the median cost per
+    primitive of the piece's finitely costed kernels (the scale of its neighbours)."""
+    per_primitive = sorted(c.cost / len(c.nodes) for c in choices
+                           if math.isfinite(c.cost) and c.cost > 0)
+    assert per_primitive, "no kernel of this piece has a finite cost: it was never costed"
+    return size * per_primitive[len(per_primitive) // 2]
 
 
 @dataclass(frozen=True)
@@ -66,13 +81,17 @@ def orchestration_problems(graph, pieces: Sequence[frozenset[int]], candidates, 
         required = frozenset(
             node for node in piece
             if node in graph.outputs or any(c not in piece for c in graph.nodes[node].consumers))
-        choices = tuple(
+        choices = [
             KernelChoice(nodes=candidates[i].nodes,
                          inputs=frozenset(candidates[i].inputs) & piece,
                          outputs=frozenset(candidates[i].outputs),
                          cost=_kernel_seconds(key_of_candidate[i], costs,
                                               candidates[i].is_stock))
-            for i in ids)
+            for i in ids]
+        choices = tuple(
+            dataclasses.replace(choice, cost=_stand_in_seconds(choices, len(choice.nodes)))
+            if candidates[i].is_stock and not math.isfinite(choice.cost) else choice
+            for i, choice in zip(ids, choices))
         stock = tuple(local for local, i in enumerate(ids) if candidates[i].is_stock)
         if sorted(node for local in stock for node in choices[local].nodes) != sorted(piece):
             stock = ()  # a stock group straddles the cut: no stock plan for this piece
@@ -98,6 +117,8 @@ def plan_report(graph, candidates, kept, problems, plans, chosen, key_of_candida
     """What the solver did, per piece and in total; JSON-friendly. A kernel's "ms" is the cost
     the solver used (its isolated cost times its in-model factor), "isolated_ms" the former."""
     computed = [node for i in chosen for node in candidates[i].nodes]
+    priced = {i: choice.cost for p in problems
+              for i, choice in zip(p.candidate_ids, p.problem.kernels)}
     stock_parts = [plan.stock_objective for plan in plans]
     stock_ms = (sum(stock_parts) * 1e3 if all(s is not None for s in stock_parts) else None)
     return {
@@ -122,16 +143,22 @@ def plan_report(graph, candidates, kept, problems, plans, chosen, key_of_candida
              "seconds": round(plan.seconds, 3), "cycle_cuts": plan.cycle_cuts,
              "warm_start": plan.warm_start}
             for p, plan in zip(problems, plans)],
+        # chosen kernels whose measurement failed: in the objective at their prediction
+        "failed_kernels": sum(1 for i in chosen if key_of_candidate[i] is not None
+                              and is_failed(costs[key_of_candidate[i]])),
         "kernels": [_kernel_entry(graph, candidates[i], key_of_candidate[i], costs,
-                                  (in_model_factors or {}).get(key_of_candidate[i], 1.0))
+                                  (in_model_factors or {}).get(key_of_candidate[i], 1.0),
+                                  priced.get(i))
                     for i in chosen],
     }
 
 
-def _kernel_entry(graph, candidate, key, costs, in_model_factor: float) -> dict:
-    """One chosen kernel: its primitives, their ops, and its cost with where it came from."""
+def _kernel_entry(graph, candidate, key, costs, in_model_factor: float,
+                  priced: float | None) -> dict:
+    """One chosen kernel: its primitives, their ops, and its cost with where it came from. A
+    failed kernel reports the price it entered the objective at (`priced`) and what that was."""
     cost = costs.get(key) if key is not None else None
-    return {
+    entry = {
         "primitives": sorted(candidate.nodes),
         "ops": [graph.nodes[i].op_name.removeprefix("relax.") for i in sorted(candidate.nodes)],
         "key": key,
@@ -140,6 +167,13 @@ def _kernel_entry(graph, candidate, key, costs, in_model_factor: float) -> dict:
         "cost_source": "opaque" if cost is None else cost.source,
         "stock_group": bool(candidate.is_stock),
     }
+    if cost is not None and is_failed(cost) and priced is not None:
+        entry.update(ms=_finite_or_none(priced * 1e3),
+                     isolated_ms=_finite_or_none(priced / in_model_factor * 1e3),
+                     cost_source="failed",
+                     costed_as="prediction" if math.isfinite(cost.seconds) else "stand-in",
+                     error=cost.error)
+    return entry
 
 
 def _finite_or_none(value: float) -> float | None:
