@@ -7,9 +7,14 @@ DEMO_MODEL := models/bert_layer.onnx
 NPROC := $(shell nproc 2>/dev/null || echo 2)
 export TVM_NUM_THREADS ?= $(NPROC)
 
-.PHONY: install demo test logs bench bench-models clean
+.PHONY: install library demo test logs bench bench-models clean
 
-install: $(STAMP)
+install: $(STAMP) library
+
+# The library kernels (OpenBLAS GEMMs) are built into the venv with the machine's C++ compiler;
+# without one korch_tvm works as before, minus those kernels (the build says why in one line).
+library: $(STAMP)
+	$(PY) -m korch_tvm.library.build || echo "korch_tvm: continuing without library kernels"
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)

@@ -8,7 +8,8 @@ import pytest
 import tvm
 from tvm import relax
 
-from korch_tvm.library import build as library_build
+from korch_tvm.library import build as build_command
+from korch_tvm.library import compile_extension as library_build
 from korch_tvm.library import implementations_for, load_blas_extension
 from test_library_gemm_match import legalized_kernels
 
@@ -17,7 +18,7 @@ def test_no_compiler_is_one_clear_line(monkeypatch, tmp_path, capsys):
     monkeypatch.setenv("CXX", "no-such-compiler-h6")
     with pytest.raises(library_build.LibraryBuildError, match="no C\\+\\+ compiler found"):
         library_build.build_blas_extension(tmp_path)
-    assert library_build.main(["--directory", str(tmp_path)]) == 1
+    assert build_command.main(["--directory", str(tmp_path)]) == 1
     err = capsys.readouterr().err
     assert err.startswith("korch_tvm: library kernels not built: no C++ compiler found")
     assert err.count("\n") == 1

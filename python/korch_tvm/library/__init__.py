@@ -8,7 +8,7 @@ needs the extension that `python -m korch_tvm.library.build` (run by `make insta
 without it `implementations_for` returns nothing and the rest of korch_tvm is unaffected.
 """
 
-from .build import LibraryBuildError, build_blas_extension, library_dir
+from .compile_extension import LibraryBuildError, build_blas_extension, library_dir
 from .export import export_library, library_calls
 from .extension import load_blas_extension, set_blas_threads
 from .gemm_match import GemmSpec, match_gemm

@@ -11,7 +11,7 @@ import functools
 import logging
 from pathlib import Path
 
-from .build import LibraryBuildError, blas_artifacts, openblas_paths
+from .compile_extension import LibraryBuildError, blas_artifacts, openblas_paths
 
 logger = logging.getLogger("korch_tvm.library")
 
