@@ -45,6 +45,7 @@ class Runtimes:
                        with_openvino=with_openvino)
 
     def foreign(self) -> tuple[str, ...]:
+        """The foreign runtimes' names, in timing order."""
         return (("onnxruntime",) if self.with_ort else ()) + (
             ("openvino",) if self.with_openvino else ())
 

@@ -100,7 +100,9 @@ def _foreign_runtime_lines(result: Mapping) -> list[str]:
         entry = result.get(key)
         if not entry:
             continue
-        settings = ", ".join(f"{name} {value}" for name, value in entry["settings"].items())
+        ordered = sorted(entry["settings"].items(), key=lambda item: item[0] not in (
+            "device", "provider"))  # first, also in a result read back from (key-sorted) JSON
+        settings = ", ".join(f"{name} {value}" for name, value in ordered)
         lines.append(f"  {label} {entry['version']}: {settings}")
         check = entry.get("verification")
         if check:

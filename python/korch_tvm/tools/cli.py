@@ -74,6 +74,7 @@ def version_text() -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The korch-tvm parser with every sub-command and its flags."""
     parser = argparse.ArgumentParser(
         prog="korch-tvm",
         description="Compile ONNX models with Apache TVM, optionally with Korch's optimal "
@@ -204,6 +205,8 @@ def _interrupted() -> int:
 
 
 def main(argv=None) -> int:
+    """Run korch-tvm with `argv` (default: sys.argv[1:]); returns the exit code (0, or one of
+    EXIT_*), an error printed as one line."""
     parser = build_parser()
     args = parser.parse_args(argv)
     configure_logging(getattr(args, "verbose", 0), getattr(args, "quiet", False))

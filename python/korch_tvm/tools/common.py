@@ -48,6 +48,8 @@ class _StderrHandler(logging.StreamHandler):
 
 
 def configure_logging(verbose: int, quiet: bool) -> None:
+    """korch_tvm's logs to stderr: `quiet` errors only, `verbose` (a count) debug, 2 and more
+    also MetaSchedule's own."""
     level = logging.ERROR if quiet else (logging.DEBUG if verbose else logging.INFO)
     handler = _StderrHandler()
     handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))

@@ -76,12 +76,14 @@ def tvm_machines(libraries: Mapping[str, str]) -> dict:
 
 # ----------------------------------------------------------------------------- ONNX Runtime
 def ort_available() -> bool:
+    """Whether onnxruntime is installed."""
     from ..backend.verify import import_onnxruntime
 
     return import_onnxruntime() is not None
 
 
 def ort_version() -> str | None:
+    """onnxruntime's version, or None when it is not installed."""
     from ..backend.verify import import_onnxruntime
 
     onnxruntime = import_onnxruntime()

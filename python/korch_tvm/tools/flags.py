@@ -42,6 +42,16 @@ def _tuning_logs_default() -> str:
     return user_log_root()
 
 
+_LAYOUT_HELP = (
+    "activation layout of convolutions and what follows them: 'auto' (default) plans the model "
+    "in both and keeps the faster modelled plan (a model with convolutions is tuned twice); "
+    "applies to both paths. With 'auto' Korch also plans a layout per region of the model and "
+    "keeps it when it models faster (layout 'mixed')")
+_MEMORY_LIMIT_HELP = (
+    "'stock' (default): Korch's plan needs no more activation storage than TVM's own fusion "
+    "groups (within 1%%): pieces of the graph go back to those groups until it fits; 'none': "
+    "the fastest modelled plan whatever its storage")
+
 FLAGS: dict[str, Flag] = {flag.name: flag for flag in (
     Flag(("--target",), dict(
         default="llvm",
@@ -80,18 +90,10 @@ FLAGS: dict[str, Flag] = {flag.name: flag for flag in (
         help="legalize exp/sigmoid/tanh/erf to TVM's per-element libm calls instead of "
              "vectorisable polynomials (within 4e-7 relative); applies to both paths"),
          "fast_math"),
-    Flag(("--layout",), dict(
-        choices=LAYOUT_CHOICES, default="auto",
-        help="activation layout of convolutions and what follows them: 'auto' (default) plans "
-             "the model in both and keeps the faster modelled plan (a model with convolutions "
-             "is tuned twice); applies to both paths. With 'auto' Korch also plans a layout per "
-             "region of the model and keeps it when it models faster (layout 'mixed')"),
+    Flag(("--layout",), dict(choices=LAYOUT_CHOICES, default="auto", help=_LAYOUT_HELP),
          "layout"),
-    Flag(("--memory-limit",), dict(
-        choices=MEMORY_LIMITS, default="stock",
-        help="'stock' (default): Korch's plan needs no more activation storage than TVM's own "
-             "fusion groups (within 1%%): pieces of the graph go back to those groups until it "
-             "fits; 'none': the fastest modelled plan whatever its storage"), "memory_limit"),
+    Flag(("--memory-limit",), dict(choices=MEMORY_LIMITS, default="stock",
+                                   help=_MEMORY_LIMIT_HELP), "memory_limit"),
     Flag(("--prune-margin",), dict(
         type=float, default=None,
         help="Korch's pruning margin (default: KorchConfig's; 'inf' costs every candidate)"),

@@ -79,6 +79,8 @@ def tvm_kind_times(vm, args, kernel_kinds: Mapping[str, str], runs: int = 10,
 
 
 def sum_by_kind(kernel_ms: Mapping[str, float], kernel_kinds: Mapping[str, str]) -> dict:
+    """`kernel_ms` ({function name: ms per run}) summed per kind; `kernel_kinds` names each
+    kernel's kind (a function it does not name counts as memory-bound, the VM's as runtime)."""
     totals = _empty()
     for name, ms in kernel_ms.items():
         totals[RUNTIME if name == RUNTIME else kernel_kinds.get(name, "memory")] += ms

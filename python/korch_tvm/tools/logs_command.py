@@ -20,6 +20,7 @@ from ..errors import KorchError
 
 
 def add_arguments(parser) -> None:
+    """Declare the logs command's flags on `parser` (the sub-command's argparse parser)."""
     parser.add_argument("directory", help="root of the tuning logs (holding one directory per "
                                           "target tag)")
     action = parser.add_mutually_exclusive_group()
@@ -43,6 +44,7 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
+    """Summarise, check, merge or train on the log directory `args` names."""
     if args.merge is None and not os.path.isdir(args.directory):
         raise KorchError(f"tuning-log directory '{args.directory}' does not exist")
     if args.train:

@@ -36,6 +36,7 @@ class Parameter:
 
 
 def add_arguments(parser) -> None:
+    """Declare run's flags on `parser` (the sub-command's argparse parser)."""
     from .common import add_verbosity
 
     parser.add_argument("library", metavar="LIB.so", help="a library korch-tvm compile -o wrote")
@@ -58,6 +59,7 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
+    """Load the library `args` names, run it on its inputs and print what `args` asks for."""
     from ..errors import KorchError
 
     for flag, value, least in (("--repeat", args.repeat, 1), ("--warmup", args.warmup, 0),
@@ -282,6 +284,8 @@ def kernel_profile(vm, args, runs: int) -> list[tuple[str, int, float]]:
 
 def result_lines(path, device, inputs, result: RunResult,
                  inputs_are_random: bool) -> list[str]:
+    """The run as text: the library `path` on `device`, each input (random or read) and output,
+    and the latency of `result`."""
     source = "random" if inputs_are_random else "from --inputs"
     lines = [f"library {path} on {device}"]
     lines += [f"input  {name}: {array.dtype}{_shape_text(array.shape)} ({source})"
@@ -300,6 +304,7 @@ def result_lines(path, device, inputs, result: RunResult,
 
 
 def profile_lines(rows) -> list[str]:
+    """`kernel_profile`'s rows (kernel, calls, ms per run) as an aligned table with shares."""
     total = sum(ms for _, _, ms in rows) or 1.0
     width = max([len("kernel")] + [len(name) for name, _, _ in rows])
     lines = [f"{'kernel':<{width}}  {'calls':>5}  {'ms/run':>9}  {'%':>5}"]
