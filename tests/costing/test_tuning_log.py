@@ -134,7 +134,7 @@ _WRITER = textwrap.dedent(
 
 def test_records_are_read_only_when_used_and_an_unappliable_one_is_set_aside(tmp_path, caplog,
                                                                             monkeypatch):
-    """Opening a log checks each record's JSON but replays no trace (8 ms a record). A record
+    """Opening a log checks each record's JSON but replays no trace (slow, per record). A record
     sets a cost only once its trace applies to its kernel: a fake faster record that does not
     apply never becomes the best time; it is set aside once, with its reason, and a later log
     neither sees nor warns about it."""
