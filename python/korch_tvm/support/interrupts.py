@@ -14,24 +14,106 @@ the main thread's handler. Workers never see Ctrl-C; they end when their pool is
 A blocked SIGINT no longer cuts short a wait of the main thread (a lock, a future), so the
 listener then also sends the main thread SIGURG (ignored by default, so harmless to anything
 else), whose empty handler makes the wait return and the SIGINT handler run at once.
+
+While MetaSchedule works (`stopping_after_batch`), the same handler does not raise at the first
+Ctrl-C: MetaSchedule calls Python (builder, runner) from C++, a KeyboardInterrupt raised inside
+such a callback comes back as a plain RuntimeError, and under load it crashed TVM's worker pools
+(a segfault instead of exit 130). So the first Ctrl-C only asks to stop: the batch in flight
+finishes, its records are written, and the next check between batches (`raise_if_stopped`)
+raises KeyboardInterrupt. A second Ctrl-C stops at once (`aborted()` then says so).
 """
 
 from __future__ import annotations
 
 import _thread
+import logging
 import signal
 import sys
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+logger = logging.getLogger("korch_tvm.profiler")
 
 _PRESSED = threading.Event()
 _LISTENING = threading.Event()
+_STOP = threading.Event()  # stop requested during a batch (first Ctrl-C)
+_ABORT = threading.Event()  # stop at once (second Ctrl-C): the batch in flight is not recorded
 _listener: threading.Thread | None = None
+_batch_depth = 0  # how many `stopping_after_batch` blocks the main thread is in
 
 
 def note_and_raise(signum, frame):
-    """The command line's SIGINT handler: Python's default behaviour, remembered."""
+    """The SIGINT handler: Python's default behaviour, remembered; inside
+    `stopping_after_batch`, the first Ctrl-C only asks to stop after the batch in flight."""
     _PRESSED.set()
+    if _batch_depth and not _STOP.is_set():
+        _STOP.set()
+        logger.warning("stopping after the current batch; its records are kept "
+                       "(Ctrl-C again to stop at once)")
+        return
+    if _batch_depth:
+        _ABORT.set()
     raise KeyboardInterrupt
+
+
+@contextmanager
+def stopping_after_batch() -> Iterator[None]:
+    """Work in batches that a Ctrl-C lets finish (see the module docstring).
+
+    Inside, call `raise_if_stopped()` between batches. The command line installs the handler
+    (`install`); a library caller that left Python's default handler in place gets it for the
+    duration, so both stop the same way. Any other handler, or a thread other than the main
+    one, is left alone: Ctrl-C then does what that handler does.
+    """
+    global _batch_depth
+    previous = signal.getsignal(signal.SIGINT)
+    if threading.current_thread() is not threading.main_thread() or not is_plain(previous):
+        yield
+        return
+    if not _batch_depth:
+        _STOP.clear()
+        _ABORT.clear()
+    if previous is not note_and_raise:
+        signal.signal(signal.SIGINT, note_and_raise)
+    _batch_depth += 1
+    try:
+        yield
+        raise_if_stopped()
+    finally:
+        _batch_depth -= 1
+        if previous is not note_and_raise:
+            signal.signal(signal.SIGINT, previous)
+
+
+def raise_if_stopped() -> None:
+    """KeyboardInterrupt when a Ctrl-C asked to stop (call it between batches)."""
+    if _STOP.is_set():
+        _quiet_pool_teardown()
+        raise KeyboardInterrupt
+
+
+def aborted() -> bool:
+    """Whether a second Ctrl-C asked to stop at once (the batch in flight is then no failure
+    to record)."""
+    return _ABORT.is_set()
+
+
+def _quiet_pool_teardown() -> None:
+    """After Ctrl-C, TVM's worker pools get collected on their own threads, and their __del__
+    prints 'cannot join current thread' as a raw traceback; send that to the debug log."""
+    previous = sys.unraisablehook
+    if getattr(previous, "korch_quiet", False):
+        return
+
+    def hook(unraisable):
+        if "PopenPool" in repr(unraisable.object):
+            logger.debug("ignored while stopping worker pools: %s", unraisable.exc_value)
+            return
+        previous(unraisable)
+
+    hook.korch_quiet = True
+    sys.unraisablehook = hook
 
 
 def install() -> None:
@@ -104,11 +186,12 @@ _quiet_interrupt.previous = sys.__unraisablehook__
 
 
 def note() -> None:
-    """For other handlers (the profiler's stop-after-this-batch one) to record a Ctrl-C."""
+    """Record a Ctrl-C that arrived some other way (a test standing in for the handler)."""
     _PRESSED.set()
 
 
 def pressed() -> bool:
+    """Whether Ctrl-C was pressed since `install` (an error TVM made of it is an interruption)."""
     return _PRESSED.is_set()
 
 
