@@ -18,7 +18,7 @@ microseconds. The search space comes from the target: `TuneContext(target=cuda)`
 from __future__ import annotations
 
 import contextlib
-import os
+import functools
 import shutil
 import sys
 import tempfile
@@ -44,29 +44,39 @@ def prepare_for_target(target) -> None:
         skip_gpu_tensor_intrin()
 
 
+def export_into(directory: str | None, mod) -> str:
+    """Export a built kernel for the runner into a new folder under `directory`.
+
+    MetaSchedule's `default_export` writes every candidate to `tempfile.mkdtemp()/tvm_tmp_mod.tar`
+    and the runner compiles it to a `.so` beside it; nothing removes either. Exporting into the
+    costing session's scratch folder (costing/session.py) lets the session remove them all at
+    its end, without changing the temporary folder of the compiling process. Runs only in a
+    builder's worker processes, whose temporary folder becomes `directory` (None: unchanged).
+    """
+    from tvm.s_tir.meta_schedule.builder.local_builder import default_export
+
+    if directory is not None:
+        tempfile.tempdir = directory  # this worker's own: a worker builds for one session
+    return default_export(mod)
+
+
 @contextlib.contextmanager
 def builder_scratch_directory():
-    """Give this process, and the builder and runner workers it starts meanwhile, a temporary
-    folder of their own, removed at the end.
+    """A temporary folder for this process's own temporary files during a compile (a
+    throw-away tuning log, a read-only seed log's copy), removed at the end.
 
-    MetaSchedule's builders export every candidate to `tempfile.mkdtemp()/tvm_tmp_mod.tar`
-    (`default_export`), the runner compiles it to a `.so` beside it, and nothing removes either,
-    so each tuned compile left hundreds of folders in the system's temporary folder. Workers
-    are separate processes that read TMPDIR when they start, so the variable is set for the
-    duration (and restored after); one compile at a time per process, as TVM's own global
-    state already requires.
+    Only Python's `tempfile.tempdir` of this process changes, and is restored after; the
+    environment (TMPDIR) is left alone, so the worker processes a compile starts keep the
+    user's temporary folder: builders export into their costing session's scratch folder
+    instead (`export_into`). One compile at a time per process, as TVM's own global state
+    already requires.
     """
+    previous_folder = tempfile.tempdir
     scratch = tempfile.mkdtemp(prefix="korch-tvm-scratch-")
-    previous_variable, previous_folder = os.environ.get("TMPDIR"), tempfile.tempdir
-    os.environ["TMPDIR"] = scratch
     tempfile.tempdir = scratch
     try:
         yield scratch
     finally:
-        if previous_variable is None:
-            os.environ.pop("TMPDIR", None)
-        else:
-            os.environ["TMPDIR"] = previous_variable
         tempfile.tempdir = previous_folder
         shutil.rmtree(scratch, ignore_errors=True)
 
@@ -84,13 +94,17 @@ def builder_worker_settings(target, timeout_sec: float | None = None):
     return (skip_gpu_tensor_intrin if is_cpu else None), timeout_sec
 
 
-def local_builder(target, max_workers: int | None = None, timeout_sec: float | None = None):
-    """A LocalBuilder whose workers start quickly (see `skip_gpu_tensor_intrin`)."""
+def local_builder(target, max_workers: int | None = None, timeout_sec: float | None = None,
+                  scratch: str | None = None):
+    """A LocalBuilder for `target` whose workers start quickly (see `skip_gpu_tensor_intrin`):
+    `max_workers` build processes (None: MetaSchedule's choice), a build time-out of
+    `timeout_sec` (None: per target), candidates exported under `scratch` (`export_into`)."""
     from tvm.s_tir import meta_schedule as ms
 
     initializer, timeout_sec = builder_worker_settings(target, timeout_sec)
     return ms.builder.LocalBuilder(
-        max_workers=max_workers, timeout_sec=timeout_sec, initializer=initializer
+        max_workers=max_workers, timeout_sec=timeout_sec, initializer=initializer,
+        f_export=None if scratch is None else functools.partial(export_into, scratch),
     )
 
 
@@ -105,12 +119,10 @@ def evaluator_config(number: int = 1, repeat: int = SAMPLES, enable_cpu_cache_fl
     `enable_cpu_cache_flush=True` times kernels with cold caches, closer to how they run inside
     a model where the previous kernel evicted their inputs. TVM's time evaluator flushes once
     per *repeat* and then times `number` calls back to back, so the default is one call per
-    sample, three samples: every timed call starts cold. With three calls per sample, two of
-    them found the weights warm and small and mid-sized kernels looked faster than they run
-    among other kernels (bench/results/cold-timing/kernels.txt, ms: a 13x13 1x1 conv 0.031
-    timed so, 0.039 cold, 0.056 after 64 MB of other traffic; a depthwise conv 0.110, 0.180,
-    0.272; BERT's 128x3072x768 matmul 3.11, 3.69, 3.41); compute-bound convolutions do not
-    care.
+    sample, three samples: every timed call starts cold. With several calls per sample the
+    later ones find the weights warm, and small and mid-sized kernels look faster than they
+    run among other kernels (bench/results/HISTORY.md has the measurements).
+    `number` calls per sample, `repeat` samples.
     """
     from tvm.s_tir import meta_schedule as ms
 

@@ -2,11 +2,10 @@
 
 MetaSchedule's LocalBuilder starts a fresh worker pool for every `build()` call, and another
 one in its constructor to check the build functions. Costing measures kernels in many small
-calls (lazy costing's rounds, the groups between time-budget checks), and on 2 cores starting
-the workers (each imports TVM) came to cost more than the builds: pruned costing of Candy
-measured 173 kernels in more time than full costing took for 717. Here the pool starts once
-per costing; each worker is replaced after `BUILDS_PER_WORKER` builds, which bounds the memory
-growth LocalBuilder restarts its pools for.
+calls (lazy costing's rounds, the groups between time-budget checks), and on a small machine
+starting the workers (each imports TVM) can cost more than the builds. Here the pool starts once
+per costing session (costing/session.py); each worker is replaced after `BUILDS_PER_WORKER`
+builds, which bounds the memory growth LocalBuilder restarts its pools for.
 """
 
 from __future__ import annotations
@@ -16,11 +15,13 @@ from collections.abc import Sequence
 BUILDS_PER_WORKER = 256
 
 
-def _build_and_export(mod, target) -> str:
-    """Worker side: compile one kernel and write it where the runner can load it."""
-    from tvm.s_tir.meta_schedule.builder.local_builder import default_build, default_export
+def _build_and_export(mod, target, scratch: str | None) -> str:
+    """Worker side: compile one kernel and write it under `scratch`, where the runner loads it."""
+    from tvm.s_tir.meta_schedule.builder.local_builder import default_build
 
-    return default_export(default_build(mod, target, None))
+    from .metaschedule_setup import export_into
+
+    return export_into(scratch, default_build(mod, target, None))
 
 
 class PooledBuilder:
@@ -31,23 +32,30 @@ class PooledBuilder:
     the builder is also a context manager.
     """
 
-    def __init__(self, target, max_workers: int, timeout_sec: float | None = None):
+    def __init__(self, target, max_workers: int, timeout_sec: float | None = None,
+                 scratch: str | None = None):
+        """Workers for `target`: `max_workers` of them (at least one), a build time-out of
+        `timeout_sec` (None: per target), artifacts exported under `scratch` (None: the
+        temporary folder)."""
         from tvm.support.popen_pool import PopenPoolExecutor
 
         from .metaschedule_setup import builder_worker_settings
 
         initializer, self.timeout_sec = builder_worker_settings(target, timeout_sec)
+        self.scratch = scratch
         self._pool = PopenPoolExecutor(
             max_workers=max(1, max_workers), timeout=self.timeout_sec, initializer=initializer,
             maximum_process_uses=BUILDS_PER_WORKER)
 
     def build(self, inputs: Sequence) -> list:
+        """One BuilderResult per BuilderInput, in order; a failure or time-out is its error."""
         from tvm.s_tir.meta_schedule.builder import BuilderResult
         from tvm.support.popen_pool import StatusKind
 
         results = []
         for outcome in self._pool.map_with_error_catching(
-                lambda job: _build_and_export(*job), [(i.mod, i.target) for i in inputs]):
+                lambda job: _build_and_export(*job),
+                [(i.mod, i.target, self.scratch) for i in inputs]):
             if outcome.status == StatusKind.COMPLETE:
                 results.append(BuilderResult(outcome.value, None))
             elif outcome.status == StatusKind.TIMEOUT:

@@ -17,16 +17,14 @@ from dataclasses import dataclass
 
 import tvm
 
-from ..backend.target import host_core_count
-from ..config import KorchConfig
-from ..costing.kernel_costs import default_schedule_costs, measure_costs, shared_runner, tune_costs
+from ..costing.kernel_costs import KernelCost, default_schedule_costs
 from ..costing.lazy import solve_lazily
-from ..costing.measure import KernelCost
-from ..costing.pooled_builder import PooledBuilder
+from ..costing.session import CostingSession
 from ..kernels.fused import structural_key
 from ..lowering.primitive_kinds import LINEAR, POOLING_OPS
 
 logger = logging.getLogger("korch_tvm.passes")
+
 
 @dataclass(frozen=True)
 class Planned:
@@ -40,17 +38,18 @@ class Planned:
     finish: Callable[[Mapping[str, KernelCost], float | None], "KorchPlan"]  # noqa: F821 (korch.py)
 
 
-def tune_once(planned, config: KorchConfig, tuning_log) -> tuple[dict[str, KernelCost], float]:
+def tune_once(planned, session: CostingSession) -> tuple[dict[str, KernelCost], float]:
     """One trial budget for the whole compile: split over the kernels of every layout's plan
-    by their latency share in it (a kernel two layouts choose counts in both, and is tuned
-    once). Returns (costs of every kernel, tuned ones updated; seconds it took)."""
+    (`planned`: Planned values) by their latency share in it (a kernel two layouts choose
+    counts in both, and is tuned once), within what is left of the session's time budget.
+    Returns (costs of every kernel, tuned ones updated; seconds it took)."""
     started = time.perf_counter()
     shares, kernels, costs = Counter(), {}, {}
     for pending in planned:
         shares.update(pending.shares)
         kernels.update(pending.kernels)
         costs.update(pending.costs)
-    tuned = tune_costs(kernels, shares, costs, config, tuning_log)
+    tuned = session.tune(kernels, shares, costs)
     return tuned, round(time.perf_counter() - started, 3)
 
 
@@ -76,10 +75,10 @@ def work_anchors(graph, candidates, kept, key_of_candidate) -> dict[str, set]:
     primitives, else its pooling primitives, else the class of all memory-bound kernels.
 
     Pools are anchors of their own because the memory-bound class mispredicts them alike and
-    badly: YOLOv4's 13x13 max pools over 13x13 maps ran 10-34x their calibrated prediction, and
-    each kernel holding one was found out only when measured, one or two a round (24 rounds,
-    314 kernels measured). Calibrating the other memory-bound kernels by the primitives they
-    share instead measured 9 % more kernels for the same plan on YOLOX-nano.
+    badly, and each kernel holding one would otherwise be found out only when measured, one or
+    two a lazy-costing round (bench/results/HISTORY.md has the measurements). `graph`,
+    `candidates`: the layout's; `kept`: the candidate indices kept after pruning;
+    `key_of_candidate`: each candidate's kernel key (None: no kernel).
     """
     anchors: dict[str, set] = {}
     for i in kept:
@@ -94,27 +93,22 @@ def work_anchors(graph, candidates, kept, key_of_candidate) -> dict[str, set]:
 
 
 @contextmanager
-def profiler_measurement(config, tuning_log, predicted: Mapping[str, float], seed=None):
+def profiler_measurement(session: CostingSession, predicted: Mapping[str, float],
+                         time_budget: float | None = None):
     """measure({key: module}) -> costs: log, else one default-schedule run, else the prediction
-    already made for it (`predicted`, by kernel key: no feature extraction again). One runner
-    and one builder pool serve every round (lazy costing measures in many small calls)."""
+    already made for it (`predicted`, by kernel key: no feature extraction again). Every round
+    draws on what is left of `time_budget` (this layout's part; None: the session's), through
+    the session's one runner and builder pool (lazy costing measures in many small calls)."""
     def predict(module):
         return predicted[structural_key(module)]
 
-    deadline = None if config.time_budget is None else time.perf_counter() + config.time_budget
-    runner = shared_runner(config)
-    builder = None if runner is None else PooledBuilder(config.target, host_core_count())
+    deadline = None if time_budget is None else time.perf_counter() + time_budget
 
-    def measure(modules):  # every round draws on what is left of the one time budget
+    def measure(modules):
         left = None if deadline is None else max(0.0, deadline - time.perf_counter())
-        return measure_costs(modules, config.with_changes(time_budget=left), tuning_log,
-                             predictor=predict, runner=runner, builder=builder, seed=seed)
+        return session.measure(modules, predictor=predict, time_budget=left)
 
-    try:
-        yield measure
-    finally:
-        if builder is not None:
-            builder.close()
+    yield measure
 
 
 def cost_what_plans_need(kept_kernels, predicted, stock_keys, anchors, solve, key_of_candidate,

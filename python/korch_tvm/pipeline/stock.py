@@ -16,7 +16,8 @@ from ..backend.rewrite import apply_tuning_log
 from ..backend.schedule_counts import schedule_counts
 from ..config import KorchConfig
 from ..costing.in_model import load_in_model_times
-from ..costing.kernel_costs import cost_kernels, merge_summaries
+from ..costing.kernel_costs import merge_summaries
+from ..costing.session import CostingSession
 from ..kernels.fused import kernel_module, structural_key
 from ..kernels.kinds import kind_times, module_kernel_kinds
 from ..kernels.weight_packing import mark_layout_free_weights
@@ -53,17 +54,21 @@ def kernel_calls(mod: tvm.IRModule, func_name: str = "main") -> Counter:
     return calls
 
 
-def run_stock(mod: tvm.IRModule, config: KorchConfig):
+def run_stock(mod: tvm.IRModule, config: KorchConfig, session: CostingSession | None = None):
     """Fuse, tune (within the budget, reusing the log) and apply schedules; returns (mod, report).
 
     Layouts are chosen as Korch chooses them (layout/activations.py): with "auto", a model with
     convolutions is compiled in each layout and the one of least modelled latency is kept.
+    Every layout is costed through `session` (None: one opened for this call), so they share
+    its log, runner, builder pool and time budget.
     """
+    if session is None:
+        with CostingSession.open(config) as opened:
+            return run_stock(mod, config, opened)
     best, results = in_best_layout(
         mod, config.layout,
-        lambda _, variant, budget: _run_stock_in_layout(variant,
-                                                        config.with_changes(time_budget=budget)),
-        lambda result: result[1]["modelled_ms"], config.time_budget)
+        lambda _, variant, budget: _run_stock_in_layout(variant, config, session, budget),
+        lambda result: result[1]["modelled_ms"], session.seconds_left())
     tuned, report = results[best]
     layouts = {layout: {"modelled_ms": report["modelled_ms"], "tuning": report["tuning"]}
                for layout, (_, report) in results.items()}
@@ -71,12 +76,15 @@ def run_stock(mod: tvm.IRModule, config: KorchConfig):
                    "tuning": merge_summaries(entry["tuning"] for entry in layouts.values())}
 
 
-def _run_stock_in_layout(mod: tvm.IRModule, config: KorchConfig):
-    target = config.target
+def _run_stock_in_layout(mod: tvm.IRModule, config: KorchConfig, session: CostingSession,
+                         time_budget: float | None):
+    """`run_stock` of one layout variant, costed within `time_budget` (its part of the
+    compile's)."""
+    target = session.target
     fused = stock_fusion(mod, target, fast_math=config.fast_math)
     calls = kernel_calls(fused)
     kernels = {name: kernel_module(fused[name]) for name in calls}
-    costing = cost_kernels(kernels, config, weights=dict(calls))
+    costing = session.profile(kernels, weights=dict(calls), time_budget=time_budget)
     tuned = apply_tuning_log(fused, costing.tuning_log.database, target)
     kinds = module_kernel_kinds(fused)
     keys = {name: structural_key(kernels[name]) for name in calls}

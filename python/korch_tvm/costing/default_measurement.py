@@ -1,0 +1,200 @@
+"""Default-schedule measurement: each new kernel built and run once as the build would run it.
+
+This finds kernels that cannot build or run (cost inf, never a crash) and gives every kernel a
+finite fallback before any tuning starts. A seed log's best schedule of the kernel is measured
+beside the defaults and kept when faster; a logged time judged implausible is measured again.
+Kernels go in groups between which Ctrl-C and the deadline are checked.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections import Counter
+
+import tvm
+
+from ..backend.cpu_schedule import default_schedules as cpu_default_schedules
+from ..errors import error_summary
+from ..support.interrupts import aborted, raise_if_stopped
+from .kernel_costs import KernelCost
+from .runners import device_type, run_outcome
+from .log_files import RECORD_FILE
+from .log_lines import record_seconds
+from .tuning_log import TuningLog
+
+logger = logging.getLogger("korch_tvm.profiler")
+
+MEASURE_GROUP = 64  # kernels per build-and-run group; the deadline is checked between groups
+# A kernel whose every logged measurement failed is measured again until it has failed this
+# often: a one-off failure (a busy machine, an older korch_tvm) is not kept for ever, and a kernel
+# that really cannot build costs one retry, not one per compile.
+FAILED_ATTEMPTS_KEPT = 2
+
+
+def retry_failure(tuning_log: TuningLog, name: str, kernel_mod: tvm.IRModule,
+                   best: float) -> bool:
+    """Whether a kernel logged only as failures gets another measurement (see the constant)."""
+    if math.isfinite(best):
+        return False
+    attempts = tuning_log.record_count(kernel_mod)
+    if attempts < FAILED_ATTEMPTS_KEPT:
+        logger.info("kernel %s failed %d time(s) before; measuring it again", name, attempts)
+        return True
+    return False
+
+
+def default_schedules(kernel_mod: tvm.IRModule, target) -> list:
+    """[(module to build, trace to record)] for a kernel's default-schedule measurement.
+
+    The schedules the build gives a kernel no tuning record covers, so that the measurement is
+    of the kernel that will run: on the CPU, cpu_schedule's parallel + vectorized form and, for
+    large tiled kernels, its variants (the fastest is kept; `(kernel, None)`: the kernel as
+    written, recorded under the log's default trace); on CUDA, which cannot build unscheduled
+    TIR, the dlight schedule TVM's CUDA pipeline would use. Traces are recorded, so applying
+    the log rebuilds exactly the measured kernel. Empty when no dlight rule applies (the kernel
+    is then reported as failed, cost inf).
+    """
+    if target.kind.name != "cuda":
+        schedules = cpu_default_schedules(kernel_mod, target)
+        return [(s.mod, s.trace) for s in schedules] or [(kernel_mod, None)]
+    from ..backend.cuda import default_schedule
+
+    schedule = default_schedule(kernel_mod, target)
+    return [] if schedule is None else [(schedule.mod, schedule.trace)]
+
+
+def measure_and_commit(names, kernels, target, tuning_log, builder, runner, deadline, bar,
+                        rechecks, seed_log):
+    """Measure each kernel's schedules (`_schedules_to_measure`) and commit what they show:
+    a new kernel's defaults and seed schedule (`_commit_fastest`), a re-checked record's
+    re-measurement (`_commit_recheck`)."""
+    def schedules(name):
+        kernel = kernels[name]
+        if name in rechecks:
+            record = tuning_log.best_record(kernel)
+            return [] if record is None else _applied(kernel, record.trace, "recheck")
+        trace = seed_log.starting_trace(kernel) if seed_log is not None else None
+        return _schedules_to_measure(kernel, target, trace)
+
+    def commit(name, outcomes):
+        if name in rechecks:
+            return _commit_recheck(tuning_log, kernels[name], name, rechecks[name], outcomes)
+        return _commit_fastest(tuning_log, kernels[name], name, outcomes)
+
+    return _measure_schedules(names, schedules, commit, target, builder, runner, deadline, bar)
+
+
+def _schedules_to_measure(kernel_mod: tvm.IRModule, target, seed_trace=None) -> list:
+    """[(module, trace, role)]: the default schedules, and a seed log's best schedule."""
+    schedules = [(module, trace, "default")
+                 for module, trace in default_schedules(kernel_mod, target)]
+    if seed_trace is not None:
+        schedules += _applied(kernel_mod, seed_trace, "seed")
+    return schedules
+
+
+def _applied(kernel_mod: tvm.IRModule, trace, role: str) -> list:
+    """[(the kernel with `trace` applied, trace, role)], or [] when it does not apply."""
+    try:
+        schedule = tvm.s_tir.Schedule(kernel_mod)
+        trace.apply_to_schedule(schedule, remove_postproc=False)
+    except Exception as err:  # noqa: BLE001 - TVM raises its own error types
+        logger.debug("a %s schedule does not apply to its kernel: %s", role,
+                     error_summary(str(err)))
+        return []
+    return [(schedule.mod, trace, role)]
+
+
+def _measure_schedules(names, schedules_of, commit, target, builder, runner, deadline, bar):
+    """Build and run each kernel's schedules once; `commit(name, outcomes)` records them.
+
+    Outcomes are [(run seconds or None, error, trace, role)]. Kernels go in groups, between
+    which Ctrl-C and the deadline are checked; the progress line moves per kernel measured.
+    """
+    from tvm.s_tir import meta_schedule as ms
+
+    costs = {}
+    group = MEASURE_GROUP
+    for start in range(0, len(names), max(1, group)):
+        raise_if_stopped()
+        if time.perf_counter() >= deadline:
+            break
+        chunk = names[start:start + group]
+        try:
+            variants = [(name, *schedule) for name in chunk for schedule in schedules_of(name)]
+            built = builder.build([ms.builder.BuilderInput(module, target)
+                                   for _, module, _, _ in variants])
+        except Exception as err:  # noqa: BLE001 - a builder crash fails this chunk only
+            raise_if_stopped()
+            variants = [(name, None, None, "default") for name in chunk]
+            built = [ms.builder.BuilderResult(None, f"builder crashed: {err}") for _ in chunk]
+        outcomes = {name: [] for name in chunk}  # name -> [(secs or None, error, trace, role)]
+        to_run = []
+        for (name, module, trace, role), result in zip(variants, built):
+            if result.error_msg is not None:
+                outcomes[name].append((None, "build failed: " + error_summary(result.error_msg),
+                                       trace, role))
+            else:
+                # the arguments of the kernel as built: weights in their packed layout, as
+                # MetaSchedule's builder drops the repacking (done once, at compile time)
+                args = ms.arg_info.ArgInfo.from_entry_func(module, remove_preproc=True)
+                to_run.append((name, trace, role, ms.runner.RunnerInput(
+                    result.artifact_path, device_type(target), args)))
+        left = Counter(name for name, *_ in to_run)
+        bar.tick(sum(1 for name in chunk if not left[name]), "measure")  # nothing to run
+        futures = runner.run([entry for *_, entry in to_run]) if to_run else []
+        for (name, trace, role, _), future in zip(to_run, futures):
+            outcomes[name].append((*run_outcome(name, future.result(), runner), trace, role))
+            left[name] -= 1
+            if not left[name]:
+                bar.tick(1, "measure")
+        if aborted():  # an aborted run is no failure to record
+            raise_if_stopped()
+        for name in chunk:
+            costs[name] = commit(name, outcomes[name])
+    return costs
+
+
+def _commit_fastest(tuning_log: TuningLog, kernel_mod: tvm.IRModule, name: str,
+                    outcomes: list) -> KernelCost:
+    """Record a kernel's measured default schedules, fastest first (its first record is then
+    its default-schedule cost, `TuningLog.default_seconds`), and a seed schedule after them
+    when it beat them all; the cost is the fastest's."""
+    ran = sorted(((record_seconds(secs), secs, trace, role)
+                  for secs, _, trace, role in outcomes if secs), key=lambda entry: entry[0])
+    defaults = [entry for entry in ran if entry[3] == "default"]
+    seeded = [entry for entry in ran if entry[3] == "seed"]
+    if not ran:
+        error = outcomes[0][1] if outcomes else "no default GPU schedule"
+        tuning_log.commit_run(kernel_mod, None, trace=outcomes[0][2] if outcomes else None)
+        logger.warning("kernel %s cannot be costed: %s", name, error)
+        return KernelCost(math.inf, "failed", 1, error)
+    for _, secs, trace, _ in defaults:
+        tuning_log.commit_run(kernel_mod, secs, trace=trace)
+    kept = bool(seeded) and (not defaults or seeded[0][0] < defaults[0][0])
+    if kept:
+        tuning_log.commit_run(kernel_mod, seeded[0][1], trace=seeded[0][2])
+    seed_schedule = None if not any(role == "seed" for *_, role in outcomes) else \
+        ("kept" if kept else "slower")
+    return KernelCost(ran[0][0], "measured", 1, seed_schedule=seed_schedule)
+
+
+def _commit_recheck(tuning_log: TuningLog, kernel_mod: tvm.IRModule, name: str, logged: float,
+                    outcomes: list) -> KernelCost:
+    """Record the re-measurement of an implausible best record; set the old record aside when
+    the new one is less than half of it (the old was a stalled run). Unmeasurable: as logged."""
+    ran = [(record_seconds(secs), secs, trace) for secs, _, trace, _ in outcomes if secs]
+    if not ran:
+        return KernelCost(logged, "log", 0)
+    seconds, secs, trace = ran[0]
+    old = tuning_log.best_record(kernel_mod)
+    tuning_log.commit_run(kernel_mod, secs, trace=trace)
+    if seconds * 2 < logged and old is not None:
+        tuning_log.set_aside(kernel_mod, [old])
+        logger.warning("kernel %s: its logged %.4g ms is implausible for its size and was "
+                       "measured again at %.4g ms; the old record is set aside in %s.rejected",
+                       name, logged * 1e3, seconds * 1e3, RECORD_FILE)
+    best = tuning_log.best_seconds(kernel_mod)
+    return KernelCost(best, "measured", 1, rechecked=True)

@@ -1,0 +1,160 @@
+"""One costing session per compile: the log, its seed, the runner, the builders and the deadline.
+
+Both compile paths cost kernels through a session: the stock path (`profile`) and the Korch path
+(`measure` in lazy rounds, then `tune` once), and so do the layout variants and the region-layout
+planning of one compile. They share what is slow to make or must be one per compile: the tuning
+log (read once) and the seed log it uses, one runner and one builder pool (their workers start
+once), one time budget, and a scratch folder for the builders' artifacts, removed at the end.
+"""
+
+from __future__ import annotations
+
+import math
+import shutil
+import tempfile
+import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import tvm
+
+from ..backend.cuda import device_present
+from ..backend.target import host_core_count, parse_target
+from ..config import KorchConfig
+from ..kernels.fused import structural_key
+from ..layout.activations import layout_trial_share
+from .kernel_costs import KernelCost, Predictor, summarize
+from .log_seeds import Seed, seed_log
+from .measure import measure_kernels, profile_kernels, trial_allocation, tune_kernels
+from .pooled_builder import PooledBuilder
+from .runners import configured_runner, local_runner
+from .tuning_log import TuningLog
+
+
+@dataclass(frozen=True)
+class Costing:
+    """What `CostingSession.profile` found: a cost per kernel, and the report's counts."""
+
+    costs: dict[str, KernelCost]  # name -> cost, for every kernel passed in
+    summary: dict  # JSON-friendly counts for the report (`summarize`)
+    tuning_log: TuningLog
+
+
+def open_tuning_log(config: KorchConfig, scratch: str | None = None
+                    ) -> tuple[TuningLog, Seed | None]:
+    """The configured log, or a throw-away one under `scratch` (None: the temporary folder)
+    when the user keeps no logs, seeded when it is empty (costing/log_seeds.py), and the
+    foreign seed it uses for predictions and starting points."""
+    root = config.tuning_logs or tempfile.mkdtemp(prefix="korch-tvm-log-", dir=scratch)
+    tuning_log = TuningLog(root, config.target)
+    return tuning_log, seed_log(tuning_log)
+
+
+class CostingSession:
+    """The costing of one compile (see the module docstring); made by `CostingSession.open`.
+
+    `config` is the compile's configuration, `target` its resolved target, `tuning_log` and
+    `seed` the log and the seed log it uses, `scratch` the folder builders export into.
+    """
+
+    def __init__(self, config: KorchConfig, tuning_log: TuningLog, seed: Seed | None,
+                 scratch: str) -> None:
+        self.config = config
+        self.target = parse_target(config.target)
+        self.tuning_log, self.seed, self.scratch = tuning_log, seed, scratch
+        budget = config.time_budget
+        self.deadline = math.inf if budget is None else time.perf_counter() + max(0.0, budget)
+        self._runner, self._runner_made, self._builder = None, False, None
+
+    @classmethod
+    @contextmanager
+    def open(cls, config: KorchConfig, tuning_log: TuningLog | None = None,
+             seed: Seed | None = None) -> Iterator[CostingSession]:
+        """A session for `config`, closed (builder pool stopped, scratch folder removed) at the
+        end. `tuning_log` (with its `seed`): one opened already, which then outlives the
+        session; None: the configured one (a throw-away log goes with the scratch folder)."""
+        scratch = tempfile.mkdtemp(prefix="korch-tvm-scratch-")
+        try:
+            if tuning_log is None:
+                tuning_log, seed = open_tuning_log(config, scratch)
+            session = cls(config, tuning_log, seed, scratch)
+            try:
+                yield session
+            finally:
+                session.close()
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+
+    def close(self) -> None:
+        """Stop the builder pool (the scratch folder goes when `open`'s block ends)."""
+        if self._builder is not None:
+            self._builder.close()
+            self._builder = None
+
+    def seconds_left(self, time_budget: float | None = None) -> float | None:
+        """What is left of the compile's time budget, at most `time_budget` (a part of it
+        given to one layout variant, say); None when neither limits it."""
+        left = max(0.0, self.deadline - time.perf_counter())
+        if time_budget is not None:
+            left = min(left, max(0.0, time_budget))
+        return None if math.isinf(left) else left
+
+    def runner(self):
+        """The compile's runner, made on first use: the configured RPC runner, else this
+        machine's; None where nothing can run (costs are then predicted)."""
+        if not self._runner_made:
+            self._runner = configured_runner(self.config)
+            if self._runner is None and device_present(self.target):
+                self._runner = local_runner(self.target)
+            self._runner_made = True
+        return self._runner
+
+    def builder(self) -> PooledBuilder:
+        """The pool that builds default-schedule measurements, started on first use."""
+        if self._builder is None:
+            self._builder = PooledBuilder(self.target, host_core_count(), scratch=self.scratch)
+        return self._builder
+
+    def measure(self, kernels: Mapping[str, tvm.IRModule], predictor: Predictor | None = None,
+                time_budget: float | None = None) -> dict[str, KernelCost]:
+        """Every kernel's best known cost: from the log, one default measurement (and the
+        seed's schedule), or a prediction by `predictor` (None: the log's cost model).
+        `time_budget` bounds this call within what is left of the session's."""
+        runner = self.runner()
+        return measure_kernels(kernels, self.target, self.tuning_log,
+                               time_budget=self.seconds_left(time_budget), runner=runner,
+                               builder=None if runner is None else self.builder(),
+                               predictor=predictor, progress=self.config.progress,
+                               seed_log=self.seed)
+
+    def tune(self, kernels: Mapping[str, tvm.IRModule], shares: Mapping[str, float],
+             costs: Mapping[str, KernelCost], time_budget: float | None = None
+             ) -> dict[str, KernelCost]:
+        """Spend the compile's trial budget on `kernels` by their latency `shares`; returns
+        `costs` with the tuned kernels' costs updated. `time_budget` as in `measure`."""
+        tunable = sum(1 for share in shares.values() if math.isfinite(share) and share > 0)
+        allocation = trial_allocation(kernels, shares, self.config.trial_budget(tunable),
+                                      self.tuning_log)
+        tuned = tune_kernels(kernels, allocation, self.target, self.tuning_log,
+                             time_budget=self.seconds_left(time_budget), runner=self.runner(),
+                             progress=self.config.progress, seed=self.config.seed,
+                             scratch=self.scratch)
+        return {**costs, **tuned}
+
+    def profile(self, kernels: Mapping[str, tvm.IRModule],
+                weights: Mapping[str, float] | None = None,
+                time_budget: float | None = None) -> Costing:
+        """The stock path: measure every kernel, then tune within this layout's part of the
+        trial budget (`layout_trial_share`), `weights` saying how often each kernel runs."""
+        config, runner = self.config, self.runner()
+        costs = profile_kernels(kernels, self.target, self.tuning_log, trials=config.trials,
+                                trials_per_kernel=config.trials_per_kernel,
+                                budget_share=layout_trial_share(),
+                                time_budget=self.seconds_left(time_budget), weights=weights,
+                                runner=runner,
+                                builder=None if runner is None else self.builder(),
+                                progress=config.progress, seed=config.seed, seed_log=self.seed,
+                                scratch=self.scratch)
+        distinct = {structural_key(kernels[name]): costs[name] for name in kernels}
+        return Costing(costs, summarize(distinct.values()), self.tuning_log)

@@ -1,0 +1,52 @@
+"""The costing session: one log, runner, builder pool, time budget and scratch folder a compile."""
+
+import os
+import time
+
+import tvm
+from tvm.s_tir import meta_schedule as ms
+
+from korch_tvm.config import KorchConfig
+from korch_tvm.costing.session import CostingSession
+
+from test_measure import TARGET, legalized_kernels
+
+
+def test_the_session_holds_one_time_budget_that_parts_cannot_exceed(tmp_path):
+    with CostingSession.open(KorchConfig(tuning_logs=str(tmp_path), time_budget=100.0)) as session:
+        assert 99.0 < session.seconds_left() <= 100.0
+        assert session.seconds_left(3.0) == 3.0  # a layout's part, within the whole
+        session.deadline = time.perf_counter() + 1.0
+        assert session.seconds_left(3.0) <= 1.0  # the whole, when less is left of it
+    with CostingSession.open(KorchConfig(tuning_logs=str(tmp_path))) as session:
+        assert session.seconds_left() is None and session.seconds_left(2.0) == 2.0
+        assert session.tuning_log.directory.startswith(str(tmp_path))
+
+
+def test_a_throw_away_log_and_the_builders_artifacts_go_with_the_session(tmp_path):
+    """No TMPDIR is set for the process: the pooled builder exports into the session's scratch
+    folder, which is removed, with the throw-away log in it, when the session closes."""
+    environment = dict(os.environ)
+    with CostingSession.open(KorchConfig(tuning_logs=None, target=TARGET)) as session:
+        scratch = session.scratch
+        assert session.tuning_log.directory.startswith(scratch)
+        kernel = legalized_kernels(8)["add"]
+        built = session.builder().build([ms.builder.BuilderInput(kernel, TARGET)])
+        assert built[0].error_msg is None, built[0].error_msg
+        assert built[0].artifact_path.startswith(scratch + os.sep)
+        assert os.path.basename(built[0].artifact_path) == "tvm_tmp_mod.tar"
+        assert session.builder() is session.builder()  # one pool for the session
+        assert dict(os.environ) == environment
+    assert not os.path.exists(scratch) and session._builder is None
+
+
+def test_measuring_twice_through_one_session_measures_once(tmp_path):
+    kernels = legalized_kernels(8)
+    with CostingSession.open(KorchConfig(tuning_logs=str(tmp_path), target=TARGET,
+                                         progress=False)) as session:
+        first = session.measure(kernels)
+        again = session.measure(kernels)
+    assert {cost.source for cost in first.values()} == {"measured"}
+    assert {cost.source for cost in again.values()} == {"log"}
+    assert {name: cost.seconds for name, cost in again.items()} == \
+        {name: session.tuning_log.best_seconds(kernels[name]) for name in kernels}
