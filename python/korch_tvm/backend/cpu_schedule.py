@@ -2,10 +2,10 @@
 reductions accumulated in registers.
 
 TIR as legalized runs on one thread, one element at a time. Trial budgets are far below the
-number of candidate kernels (SegFormer-b0 has 1250 distinct ones), so most kernels are never
-tuned and their default schedule decides both the costs the plan is chosen by and the speed of
-the model. This rule inlines every block that can be (padding, a bias add before an
-activation: each intermediate that is not a reduction) and gives every block left:
+number of distinct candidate kernels, so most kernels are never tuned and their default
+schedule decides both the costs the plan is chosen by and the speed of the model. This rule
+inlines every block that can be (padding, a bias add before an activation: each intermediate
+that is not a reduction) and gives every block left:
 
 * its spatial loops outside its reduction loops, and the innermost spatial loop split by the
   largest divisor of its extent up to 16 (one AVX-512 register of float32) and moved innermost,
@@ -15,10 +15,8 @@ activation: each intermediate that is not a reduction) and gives every block lef
   `MAX_TILE_ROWS` where only 1-3 divide it) of a spatial loop that the
   vector loads do not depend on are moved inside the reduction, unrolled, so each loaded vector
   feeds that many multiply-adds into accumulators held in registers (a local buffer), which
-  are stored once per tile with the block's elementwise consumers (bias, activation) applied.
-  Against the same rule without tiles (bench/default_schedule.py): large matmuls and 1x1
-  convolutions 4-9x faster, a small 1x1 1.9-2.2x, a 13x13 1x1 (13 rows) 3.0x, an NHWC 3x3
-  3.3x, a strided 7x7 1.9x, a depthwise 1.2-1.5x; Candy's NCHW 3x3 runs 8 % slower (29 vs 32 ms);
+  are stored once per tile with the block's elementwise consumers (bias, activation) applied
+  (bench/default_schedule.py compares it with the same rule without tiles);
 * its leading spatial loops fused and run in parallel, as many as give each core at least
   `ITERATIONS_PER_CORE` iterations to balance;
 * for vectorized reductions, the initialisation split off into its own loop nest, so the
@@ -49,17 +47,11 @@ logger = logging.getLogger("korch_tvm.cpu_schedule")
 MAX_VECTOR_WIDTH = 16  # float32 lanes of AVX-512 (LLVM splits them for AVX2, SSE or NEON)
 MIN_VECTOR_WIDTH = 4
 ITERATIONS_PER_CORE = 16
-# Rows of a register tile: 8 vector accumulators of AVX-512's 32 registers. Measured on
-# znver4 (bench-size kernels, tile rows x neighbouring vectors): 8 x 1 was fastest or within
-# 10 % on matmuls and NHWC convolutions (4 x 1 and 4 x 2 took twice as long on BERT's
-# 128 x 768 x 3072 matmul, which streams its weight once per tile of rows); Candy's NCHW 3x3
-# convolution alone preferred 2 x 4 (21 vs 32 ms; untiled 34).
+# Rows of a register tile: 8 vector accumulators of AVX-512's 32 registers, the shape that was
+# fastest or close to it on matmuls and NHWC convolutions (fewer rows re-stream the weight).
 TILE_ROWS = 8
-# When the rows' extent has no divisor from 4 to TILE_ROWS (13, 26: YOLOX-nano's 13x13 and
-# 26x26 maps), up to this many: 13 rows ran a 1x1 conv 256->64 at 13x13 in 0.027 ms instead of
-# 0.145 (floor 0.025), 26x26 128->64 0.055 instead of 0.113, and a 3x3 256->256 at 13x13 in 2.1
-# instead of 4.4 ms; a 3x3 at 26x26 lost 22 % (2 rows 1.74, 13 rows 2.13 ms), and where 4 or 8
-# rows divide, 13 lost up to 2.4x on 3x3 convolutions (their windowed loads need more registers).
+# When the rows' extent has no divisor from 4 to TILE_ROWS (e.g. 13 or 26), up to this many: a
+# tall tile beats a tiny one there, though not where 4 or 8 divide (windowed loads need registers).
 MAX_TILE_ROWS = 14
 # The variants the profiler also measures (`default_schedules`): a register tile of up to 16
 # rows (16 of AVX-512's 32 registers as accumulators), and the rule's tile with the vector's
@@ -99,15 +91,13 @@ def _distinct_append(schedules: list, schedule) -> None:
 def default_schedules(kernel_mod: tvm.IRModule, target) -> list:
     """The rule's schedule and its distinct variants, to be measured and the fastest kept.
 
-    No one register tile wins on every kernel (bench/results/default_schedule.txt, warm cache):
-    up to `WIDE_TILE_ROWS` rows ran BERT's 128x768x3072 matmul in 3.2 instead of 4.2 ms and
-    SegFormer's 4096x256x1024 in 10.1 instead of 13.4, but 128x3072x768 in 5.8 instead of 3.3;
-    with the vector's outer loop outermost (each core keeps a strip of the weights in its cache
-    while it sweeps the rows, instead of streaming all weights once per tile of rows), YOLOv4's
-    3x3 512->1024 conv on a 13x13 map ran in 21 instead of 64 ms, and Candy's NCHW 3x3 in 107
-    instead of 32. So the profiler measures each and the log keeps them all. The rule's form
-    is also measured with the weights as the model has them: packing sped most of YOLOX-nano's
-    convolutions up (up to 2.7x) but slowed a few down (up to 2x, bench/results/packed-weights/).
+    No one register tile wins on every kernel (bench/results/default_schedule.txt): a taller
+    tile (up to `WIDE_TILE_ROWS` rows) speeds some matmuls up and slows others down, and so does
+    the vector's outer loop outermost (each core keeps a strip of the weights in its cache while
+    it sweeps the rows, instead of streaming all weights once per tile of rows). So the profiler
+    measures each and the log keeps them all. The rule's form is also measured with the weights
+    as the model has them: packing speeds most convolutions up but slows a few down
+    (bench/results/packed-weights/).
     Kernels under `VARIANT_MIN_FLOPS` get the rule's form alone (its variants differ by
     microseconds), and a variant that schedules the kernel exactly like another is left out.
     Empty where the rule does not apply.
@@ -166,7 +156,6 @@ def _with_packed_weights(schedule, target):
     streams is scattered over the cache's sets. Packed, it is contiguous. The repacking block
     this adds is moved out of the kernel and run once on the constant weight at compile time
     (`layout.pack_constant_weights`); MetaSchedule's builder leaves it out when measuring.
-    BERT's 128x768x3072 matmul (+ GELU) in the rule's three forms: 3.5-3.8 -> 2.9-3.2 ms.
     """
     from tvm.s_tir import meta_schedule as ms
     from tvm.s_tir.meta_schedule.postproc import RewriteLayout

@@ -57,8 +57,8 @@ def share_identical_kernels(mod: tvm.IRModule) -> tvm.IRModule:
     (by name), and the copies are dropped.
 
     The plan gives each chosen group its own PrimFunc, and a model's repeated blocks make many
-    of them equal (YOLOX-nano in NHWC: 158 plan kernels, 70 distinct); TVM's own fusion shares
-    such copies (BlockBuilder.add_func), and each copy costs LLVM time and library size.
+    of them equal; TVM's own fusion shares such copies (BlockBuilder.add_func), and each copy
+    costs LLVM time and library size.
     """
     prim_funcs = {global_var: func for global_var, func in
                   sorted(mod.functions_items(), key=lambda item: item[0].name_hint)

@@ -15,12 +15,9 @@ so no valid candidate is lost. ``max_outputs`` and the ``accept`` hook are not m
 filter what is emitted. TVM's stock FuseOps groups are always added (marked ``is_stock``), even
 where they break the rules, so the stock plan is always feasible.
 
-Default ``max_kernel_size`` (8), by measurement on the bundled models after primitive lowering
-(candidates per primitive at k = 6 / 8 / 12 / 16): SegFormer-b0 (708 primitives) 7.0 / 10.1 /
-16.9 / -, YOLOX-nano (480) 6.9 / 9.8 / 32 / 116, Candy (230) 8.6 / 13.3 / 24.5 / 38.8, BERT
-layer (53) 6.1 / 8.1 / 10.6 / 11.3. Every candidate is a kernel to cost, so the count, not the
-enumeration (under 1 s for each model at k = 8), is what matters; the largest stock groups
-(6-13 primitives) are added whole regardless of the cap.
+Default ``max_kernel_size`` (8): the candidates per primitive grow quickly past it, and every
+candidate is a kernel to cost, so the count, not the enumeration, is what matters; the largest
+stock groups are added whole regardless of the cap.
 """
 
 from __future__ import annotations
@@ -50,14 +47,12 @@ class KernelRules:
     max_kernel_size: int = 8
     max_linear: int = 1
     # A matmul/conv kernel that also reduces (a norm's mean, a softmax's max) defeats
-    # MetaSchedule's CPU tiling rules: measured 3.8 ms tuned for matmul+add+mean on the bundled
-    # BERT layer where the matmul+add and the mean as two kernels cost 0.09 ms. TVM's FuseOps
-    # never forms such a group either.
+    # MetaSchedule's CPU tiling rules (it tunes far slower than the two kernels apart); TVM's
+    # FuseOps never forms such a group either.
     linear_with_reduce: bool = False
     # Producers fused *into* a matmul/conv are inlined into its reduction loop and recomputed
-    # once per output column: measured 1.65 ms for multiply+multiply+matmul where the matmul
-    # alone tuned to 0.11 ms. So by default a linear primitive only takes an epilogue (the
-    # kernel holds no ancestor of it), as in TVM's FuseOps.
+    # once per output column, which costs many times the matmul alone. So by default a linear
+    # primitive only takes an epilogue (the kernel holds no ancestor of it), as in TVM's FuseOps.
     linear_prologue: bool = False
     opaque_alone: bool = True
     max_outputs: int | None = None

@@ -68,8 +68,7 @@ def fits_in_thread_block(candidate: Candidate, graph: PrimitiveGraph, *,
     broadcast; the reduction's whole output when a layout primitive (transpose, reshape, ...)
     reads it, directly or further down, inside the kernel (a reordering reads elements other
     blocks computed, so the default GPU schedule stages the whole tensor in one block's shared
-    memory: seen as `ptxas: uses too much shared data (0x280060 bytes, 0xc000 max)` for a
-    depthwise conv + add + reshape + transpose kernel of SegFormer-b0). Matmuls are exempt:
+    memory, which ptxas refuses as "uses too much shared data"). Matmuls are exempt:
     dlight's Matmul rule (and MetaSchedule's tiling) writes any epilogue, reordering ones too,
     straight from the register tiles; convolutions have no such rule and are scheduled as
     general reductions, so they are treated like reductions here.

@@ -116,8 +116,7 @@ def kernel_features_many(kernel_mods: Sequence[tvm.IRModule], target,
     """`kernel_features` of many kernels, one row each.
 
     One extraction call for all of them: MetaSchedule's extractor takes a batch and spreads it
-    over threads, and a tuning context per kernel cost more than the features (Candy's 402
-    kernels: 3.6 s one by one, about a third of that batched).
+    over threads, and a tuning context per kernel cost more than the features.
     """
     from tvm.s_tir import meta_schedule as ms
 

@@ -1,14 +1,10 @@
 """How far each kernel is from its floor, judged by an empirical roofline of the kernels at hand.
 
-Tuning pays where a kernel runs well below what the machine does elsewhere. On the suite's
-128-trial logs (bench/headroom_gain.py, a roofline over each log's default schedules), none of
-the 20 kernels within 1.33x of their floor gained more than 10 % from their trials, while 26 of
-the 31 more than 4x above it did. The signal is weaker where the roofline sits below the
-machine's peak: on the two small bundled models (best default 158 GFLOP/s) kernels with 0.25 to
-0.5 headroom still gained 1.5x. So the trial budget is split by the time a kernel could save,
-its latency share times its headroom `1 - floor / time`, rather than by its share alone.
-Against the share alone, on four models from the same logs, the tuned models timed level
-within noise (modelled latency 12 % worse to 8 % better; bench/results/headroom-allocation/).
+Tuning pays where a kernel runs well below what the machine does elsewhere: kernels near their
+floor gained little from their trials, kernels far above it mostly gained much
+(bench/headroom_gain.py). So the trial budget is split by the time a kernel could save, its
+latency share times its headroom `1 - floor / time`, rather than by its share alone
+(bench/results/headroom-allocation/ compares the two).
 
 The roofline is read from the kernels' own default-schedule times: the best rate of
 multiply-adds (reduction FLOPs, what a peak is stated in) and the best byte rate any of them
@@ -37,8 +33,8 @@ logger = logging.getLogger(__name__)
 # This also keeps a lone kernel tunable: it is its own roofline.
 MIN_HEADROOM = 0.1
 # A logged time this many times above both the kernel's analytic floor and its prediction is
-# more likely a stalled run (a busy machine, a page fault storm) than the kernel: a 16x64
-# transpose logged at 1.27 ms ran in 0.017 ms. It is measured again before it is used.
+# more likely a stalled run (a busy machine, a page fault storm) than the kernel. It is
+# measured again before it is used.
 IMPLAUSIBLE_FACTOR = 20.0
 
 

@@ -10,14 +10,11 @@ With `bench --calibrate` each kernel's ratio in-model / isolated is also kept be
 log (`in_model_times.json`), and later plans (both paths' modelled latency too) scale a
 kernel's isolated cost by its own ratio when it was timed in a model, else by the median ratio
 of its kind, else leave it. It is off by default because the per-call timing is not faithful
-enough to steer plans on this machine: on YOLOX-nano the instrumented runs took 1.0-1.1x a
-plain run when the machine was quiet but 1.5x when it was busy, and then single small kernels
-came out 10-24x their isolated time (a guess at why: the worker threads go to sleep while
-the hook's Python runs, and every call pays their wake-up). What
-first motivated it, TVM's fused conv + SiLU kernels looking 1.5x dearer in isolation than in
-the model (stock modelled 37.2 ms, measured 24.6), was mostly libm's scalar sigmoid; with fast
-math (lowering/fast_math.py) the modelled totals are within 7 % (stock) and 11 % (Korch) of the
-measured ones.
+enough to steer plans on this machine: on a busy machine the instrumented runs slow down and
+single small kernels come out many times their isolated time (a guess at why: the worker
+threads go to sleep while the hook's Python runs, and every call pays their wake-up). What
+first motivated it, fused conv + SiLU kernels looking dearer in isolation than in the model,
+was mostly libm's scalar sigmoid, which fast math (lowering/fast_math.py) removed.
 """
 
 from __future__ import annotations
@@ -81,8 +78,7 @@ def kernel_rows(report: Mapping, kernel_ms: Mapping[str, float]) -> list[dict]:
 
     `kernel_ms` is `kind_profile.tvm_kernel_times` of the report's library. Kernels with the
     same key are one row: they get the same schedule, and when the pre-packed copies of two are
-    identical the build keeps one PrimFunc, called under the first one's name for both (seen on
-    YOLOX-nano in NHWC: 151 kernels in the plan, 83 names called).
+    identical the build keeps one PrimFunc, called under the first one's name for both.
     """
     kinds = report.get("kernel_kinds") or {}
     if report.get("korch"):

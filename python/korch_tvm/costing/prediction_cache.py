@@ -1,8 +1,8 @@
 """The cost model's predictions, kept beside the tuning log so a warm compile does not redo them.
 
 Every compile predicts the latency of every distinct candidate kernel before pruning, and each
-prediction extracts MetaSchedule's per-store features from the kernel: on YOLOX-nano that was
-157 of the 346 s of a warm Korch compile. The model is fixed between `--train` runs, so a
+prediction extracts MetaSchedule's per-store features from the kernel, a large part of a warm
+Korch compile. The model is fixed between `--train` runs, so a
 prediction depends only on the kernel and the model: the cache maps kernel key -> seconds in
 `predictions.json`, stamped with the SHA-256 of the model file. A retrained model (another
 hash) starts an empty cache; an unreadable cache is warned about and rebuilt. It holds nothing

@@ -1,9 +1,7 @@
 """Activation layout as an implementation choice: NCHW as the model gives it, or NHWC.
 
-On this CPU the same convolution (+ bias + SiLU), tuned with 64 trials, is faster in NHWC, where
-the output channels are contiguous and vectorise without a transpose: 1x1 64->128 at 52x52
-0.42-0.45 ms in NCHW vs 0.25-0.30 in NHWC, depthwise 3x3 0.044-0.048 vs 0.028-0.037, 3x3
-0.34-0.35 vs 0.24-0.28 (bench/layouts.py, two seeds, bench/results/layouts.txt). Which layout
+On this CPU the same convolution (+ bias + SiLU), tuned, is faster in NHWC, where the output
+channels are contiguous and vectorise without a transpose (bench/layouts.py). Which layout
 wins for a whole model depends on what sits between the convolutions (reshapes and attention
 need their own layout, and every switch is a transpose), so both are planned and the cheaper
 modelled plan is kept ("auto"); both compile paths do this the same way, so their comparison
@@ -12,10 +10,8 @@ stays about orchestration. Korch's "auto" then also tries a layout per region of
 
 In NHWC the weights are HWIO, output channels last, so the vector of output channels that a
 default schedule (backend/cpu_schedule.py) accumulates per reduction step is one contiguous load;
-with OHWI it was a strided gather, and YOLOX-nano's untuned convolutions ran 1.4-2.7x slower (1x1
-64->64 at 52x52 + bias + SiLU 0.281 vs 0.140 ms, 256->64 at 13x13 0.215 vs 0.079, the 3x3 12->16 at
-208x208 1.43 vs 0.85, a depthwise 3x3 0.075 vs 0.048). Tuned kernels may re-pack their weights
-either way (kernels/weight_packing.py).
+with OHWI it was a strided gather, and untuned convolutions ran markedly slower. Tuned kernels
+may re-pack their weights either way (kernels/weight_packing.py).
 
 `convert_layout` is Relax's ConvertLayout with convolutions asked for NHWC: it re-expresses
 every operator that can follow the new layout and inserts ``permute_dims`` where one cannot
@@ -24,11 +20,11 @@ transposes are ordinary layout primitives of the graph, costed like any kernel, 
 fuse them into their neighbours. The weight transposes are folded into the constants.
 
 ConvertLayout gives up (and transposes back and forth) on two patterns that imported models are
-full of, so they are first rewritten into equivalent forms it follows: ``clip`` (HardSwish in
-EfficientViT: 46 of its 68 activation transposes) becomes ``maximum(minimum(x, hi), lo)``,
+full of, so they are first rewritten into equivalent forms it follows: ``clip`` (HardSwish, the
+cause of most activation transposes where it is used) becomes ``maximum(minimum(x, hi), lo)``,
 TOPI's own definition; and a constant operand of lower rank than the tensor it is broadcast
-against (an instance norm's ``(C, 1, 1)`` scale in Candy) gets the missing leading unit
-dimensions, so Candy's norms stay in NHWC and its transposes sit only around its mirror pads
+against (an instance norm's ``(C, 1, 1)`` scale) gets the missing leading unit dimensions, so
+such norms stay in NHWC and a style-transfer model's transposes sit only around its mirror pads
 (imported as call_tir, which no layout rule follows), where Korch can fuse them with the pad.
 """
 

@@ -29,8 +29,8 @@ from ..lowering.constant_folding import fold_constants
 from ..lowering.fission import mutate_relax_functions
 from .activations import LAYOUTS, convert_layout, is_conv2d
 
-# Every tensor live at a cut is transposed where the layout switches there. Three cut
-# YOLOX-nano's neck into regions too (7 regions, where two left its 319-binding head whole).
+# Every tensor live at a cut is transposed where the layout switches there. Three also cuts
+# a detection model's neck into regions, where two left it whole.
 MAX_CUT_WIDTH = 3
 # Regions are at least 1/TARGET_REGIONS of the model: each costs two plans of its own.
 TARGET_REGIONS = 12

@@ -1,9 +1,9 @@
 """Relax's FoldConstant, with the reshapes and transposes of constants done in numpy first.
 
-FoldConstant evaluates a call on constants by building it with LLVM, about 40 ms a call. An
-imported model reshapes every bias to rank 4 and a layout change transposes every weight and
-bias, so YOLOX-nano's NHWC variant took 16 s of folding, and a compile folds several variants
-(each layout, each region a layout per region costs, each lowering); in numpy it takes
+FoldConstant evaluates a call on constants by building it with LLVM, tens of milliseconds a
+call. An imported model reshapes every bias to rank 4 and a layout change transposes every
+weight and bias, so one converted model took seconds of folding, and a compile folds several
+variants (each layout, each region a layout per region costs, each lowering); in numpy it takes
 milliseconds and gives the same constants.
 """
 
