@@ -8,6 +8,7 @@ log lines are routed into `korch_tvm.metaschedule`, silent unless the applicatio
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
 from contextlib import contextmanager
 
 from ..errors import KorchError, error_summary
@@ -26,7 +27,9 @@ DEFAULT_RUNNER_TIMEOUT = 30.0  # MetaSchedule's LocalRunner default, when a runn
 
 def rpc_runner(tracker_host: str, tracker_port: int, key: str, *, cache_flush: bool = True,
                max_workers: int = 1, session_timeout_sec: int = 60):
-    """MetaSchedule's RPCRunner: measure on devices registered with an RPC tracker under `key`."""
+    """MetaSchedule's RPCRunner: measure on devices registered with the RPC tracker at
+    `tracker_host`:`tracker_port` under `key`, with cold CPU caches unless `cache_flush` is
+    False, on `max_workers` devices at a time, each session cut after `session_timeout_sec`."""
     from tvm.s_tir import meta_schedule as ms
 
     skip_gpu_tensor_intrin()
@@ -40,7 +43,8 @@ def rpc_runner(tracker_host: str, tracker_port: int, key: str, *, cache_flush: b
 
 
 def local_runner(target, *, cache_flush: bool | None = None):
-    """The default runner: this machine, cold caches on the CPU (as kernels run inside a model)."""
+    """The default runner for `target`: this machine, cold caches on the CPU (as kernels run
+    inside a model) unless `cache_flush` says otherwise (None: per target)."""
     from tvm.s_tir import meta_schedule as ms
 
     if target.kind.name != "llvm":
@@ -62,7 +66,7 @@ def configured_runner(config):
 
 
 @contextmanager
-def metaschedule_logs_routed() -> None:
+def metaschedule_logs_routed() -> Iterator[None]:
     """Send everything MetaSchedule logs (`tvm.s_tir.meta_schedule.*`) to korch_tvm.metaschedule."""
     source = logging.getLogger("tvm.s_tir.meta_schedule")
 
