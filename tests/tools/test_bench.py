@@ -9,7 +9,8 @@ import sys
 
 import pytest
 
-from korch_tvm.tools import bench, bench_compare, bench_floor, bench_stats, bench_summary
+from korch_tvm.tools import (bench, bench_compare, bench_floor, bench_stats, bench_summary,
+                             engines)
 
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -161,7 +162,8 @@ def test_suite_table_from_a_result(tmp_path):
         import run_suite
     finally:
         sys.path.pop(0)
-    samples = {"stock": [2.0, 2.1, 2.0], "korch": [1.0, 1.0, 1.1], "onnxruntime": [1.5, 1.5, 1.6]}
+    samples = {"stock": [2.0, 2.1, 2.0], "korch": [1.0, 1.0, 1.1], "onnxruntime": [1.5, 1.5, 1.6],
+               "openvino": [0.8, 0.8, 0.9]}
     phase = {"compile_seconds": 10.0, "trials_run": 8, "peak_rss_mb": 300.0,
              "tuning": {"from_log": 0}, "kernel_calls": 12, "modelled_ms": 2.0,
              "verification": {"max_rel_error": 1e-7}}
@@ -172,7 +174,11 @@ def test_suite_table_from_a_result(tmp_path):
         "latency_ms": {k: bench_stats.summarize_samples(v) for k, v in samples.items()},
         "ratios": {"korch_vs_stock": bench_stats.paired_ratio(samples["stock"], samples["korch"]),
                    "korch_vs_onnxruntime": bench_stats.paired_ratio(samples["onnxruntime"],
-                                                              samples["korch"])},
+                                                              samples["korch"]),
+                   "korch_vs_openvino": bench_stats.paired_ratio(samples["openvino"],
+                                                                 samples["korch"])},
+        "openvino_version": "2026.4.1",
+        "openvino": {"settings": {"device": "CPU", "INFERENCE_NUM_THREADS": 2}},
         "compile": {"stock": {"cold": phase, "warm": {**phase, "trials_run": 0}},
                     "korch": {"cold": phase,
                               "warm": {**phase, "trials_run": 0, "layout": "NHWC"}}},
@@ -193,8 +199,11 @@ def test_suite_table_from_a_result(tmp_path):
     summary = run_suite.aggregate(str(directory), str(tmp_path / "llvm"), {"big": "too slow"})
     assert summary["geomean_korch_vs_stock"] == pytest.approx(2.0)
     assert summary["geomean_korch_vs_ort"] == pytest.approx(1.5)
+    assert summary["geomean_korch_vs_openvino"] == pytest.approx(0.8)
     table = (tmp_path / "llvm.md").read_text()
     assert "| tiny |" in table and "2.00×" in table and "big: too slow" in table
+    assert "| OpenVINO ms |" in table and "| 0.800 |" in table and "0.80× [" in table
+    assert "OpenVINO 2026.4.1 (device CPU, INFERENCE_NUM_THREADS 2)" in table
     assert "| tiny | exact | NCHW / NHWC |" in table  # a compile without "layout" was NCHW
     assert "| tiny | korch | 0.75 | 0.00 | 0.00 | 0.00 | 0.00 | 0.25 | 0.05 | 1.05 |" in table
     assert "| tiny | onnxruntime | 1.25 |" in table
@@ -234,6 +243,12 @@ def test_bench_and_retime_a_tiny_conv_model_end_to_end(tmp_path):
     # the stock run's memory-bound kernels (pads, layout changes) take some of its time
     assert result["orchestration_ceiling"] > 1.0
     assert any("orchestration ceiling" in line for line in bench_summary.summary_lines(result))
+    if engines.import_openvino() is not None:  # timed in the same rounds, checked against ORT
+        assert len(result["samples_ms"]["openvino"]) == 2
+        assert result["openvino"]["settings"]["PERFORMANCE_HINT"] == "LATENCY"
+        assert result["openvino"]["verification"]["passed"]
+        assert "korch_vs_openvino" in result["ratios"]
+        assert any(line.startswith("  OpenVINO ") for line in bench_summary.summary_lines(result))
     retimed = bench_compare.retime(str(model), result, str(reports), with_ort=False,
                                    timing=timing)
     assert retimed["earlier_timings"][0]["samples_ms"] == result["samples_ms"]

@@ -94,3 +94,11 @@ def test_missing_openvino_is_one_line_and_the_rest_still_runs(monkeypatch, tiny_
     said.clear()  # asked to leave it out: nothing to say
     bench_compare.Runtimes(tiny_model, with_openvino=False).available(said.append)
     assert said == []
+
+
+def test_no_openvino_flag_leaves_it_out():
+    from korch_tvm.tools.cli import build_parser
+
+    parser = build_parser()
+    assert parser.parse_args(["bench", "m.onnx"]).openvino is True
+    assert parser.parse_args(["bench", "m.onnx", "--no-openvino"]).openvino is False

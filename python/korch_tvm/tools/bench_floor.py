@@ -158,11 +158,9 @@ def machine_info() -> dict:
                     memory_gb = round(int(line.split()[1]) / 1024 / 1024, 1)
     except OSError:
         pass
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:
-        cores = os.cpu_count()
-    return {"cpu": cpu, "cores": cores, "memory_gb": memory_gb,
+    from .engines import cores
+
+    return {"cpu": cpu, "cores": cores(), "memory_gb": memory_gb,
             "os": f"{platform.system()} {platform.release()}",
             "python": platform.python_version(),
             "openblas_coretype": os.environ.get("OPENBLAS_CORETYPE")}
