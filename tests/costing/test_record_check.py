@@ -175,7 +175,8 @@ def test_a_read_only_log_drops_wrong_records_from_its_view_only(tmp_path, monkey
     kernel, written = log_with_wrong_fastest_records(tmp_path)
     before = {name: open(os.path.join(written.directory, name), "rb").read()
               for name in os.listdir(written.directory)}
-    monkeypatch.setattr(TuningLog, "_make_directory", lambda self: False)  # as if read-only
+    monkeypatch.setattr("korch_tvm.costing.log_files.LogDirectory._make_directory",
+                        lambda self: False)  # as if read-only
     log = TuningLog(tmp_path, TARGET)
     assert set_aside_wrong_records(log, kernel, TARGET, "concat", since=1) == 2
     assert log.best_seconds(kernel) == pytest.approx(4e-6)
