@@ -24,7 +24,8 @@ from ..kernels.weight_packing import mark_layout_free_weights
 from ..layout.activations import convert_layout
 from ..lowering.constant_folding import fold_constants
 from ..lowering.fission import lower_to_primitives
-from .korch import KorchPlan, plan_korch, rewrite_plan
+from .korch import plan_korch, rewrite_plan
+from .layout_plan import KorchPlan
 from .stock import run_stock, stock_fusion
 
 __all__ = ["ApplyTuningLog", "ConvertLayout", "FoldConstants", "KorchPass", "LowerToPrimitives",
