@@ -293,6 +293,16 @@ def test_dp_equals_bip_when_recomputation_cannot_help(seed):
     assert sum(problem.kernels[k].cost for k in dp_plan) == pytest.approx(plan.objective, rel=1e-9)
 
 
+def test_no_recompute_plan_gives_up_at_its_deadline_and_its_state_budget():
+    # Twelve independent outputs, one equal-cost kernel each: every order ties, so the search
+    # visits thousands of states (subsets computed) before it pops the goal.
+    kernels = tuple(kernel({i}, (), {i}, 1.0) for i in range(12))
+    problem = OrchestrationProblem(12, kernels, frozenset(range(12)))
+    assert sorted(no_recompute_plan(problem)) == list(range(12))
+    assert no_recompute_plan(problem, deadline=time.perf_counter() - 1.0) is None
+    assert no_recompute_plan(problem, max_states=1_000) is None
+
+
 @pytest.mark.parametrize("seed", range(12))
 def test_matches_brute_force_on_small_abstract_instances(seed):
     problem = abstract_problem(seed)

@@ -139,13 +139,14 @@ class PrimitiveGraph:
         return len(self.nodes)
 
     def mask(self, node_ids: Iterable[int]) -> int:
+        """The bitset with bit i set for each node id i in `node_ids`."""
         bits = 0
         for i in node_ids:
             bits |= 1 << i
         return bits
 
     def is_convex(self, node_mask: int) -> bool:
-        """No node outside the set lies on a path between two of its nodes."""
+        """No node outside the set `node_mask` (a bitset) lies on a path between two of its."""
         reach_down = reach_up = 0
         bits = node_mask
         while bits:

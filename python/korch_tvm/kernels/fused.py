@@ -49,7 +49,11 @@ def candidate_io(graph: PrimitiveGraph, nodes: Iterable[int]) -> tuple[list, lis
 
 def candidate_kernel(graph: PrimitiveGraph, nodes: Iterable[int],
                      block: BindingBlock | None = None) -> tvm.IRModule:
-    """One candidate as a standalone `kernel_module`: what the partition module would run."""
+    """One candidate as a standalone `kernel_module`: what the partition module would run.
+
+    `nodes` are the candidate's primitive ids (all fusible); `block` is the graph's
+    `BindingBlock` when the caller builds many candidates and made it once.
+    """
     block = block if block is not None else BindingBlock(graph)
     nodes = sorted(set(nodes))
     assert all(graph.nodes[i].fusible for i in nodes), "opaque nodes have no fused kernel"

@@ -34,6 +34,7 @@ class BindingBlock:
         self.node_positions = {p for n in graph.nodes for p in n.bindings}
 
     def members(self, nodes: Iterable[int]) -> list[int]:
+        """The binding positions of the primitive ids `nodes`, in binding order."""
         return sorted(p for i in set(nodes) for p in self.graph.nodes[i].bindings)
 
     def external_inputs(self, members: list[int]) -> list:
@@ -47,11 +48,13 @@ class BindingBlock:
         return list(found)
 
     def exports(self, members: list[int]) -> list[int]:
+        """The positions among `members` whose values are read outside them or escape main."""
         member_set = set(members)
         return [p for p in members if self.escapes[p] or not self.readers[p] <= member_set]
 
 
 def remap(expr, mapping: dict):
+    """`expr` with every Var or Constant that `mapping` holds replaced by its image."""
     if isinstance(expr, (relax.Var, tvm.ir.expr.Constant)):
         return mapping.get(expr, expr)
     if isinstance(expr, relax.Tuple):
@@ -65,7 +68,11 @@ def remap(expr, mapping: dict):
 
 
 def group_function(block: BindingBlock, members, inputs, exports, group: int) -> relax.Function:
-    """The private Primitive function computing `members`; returns the exported values."""
+    """The private Primitive function computing `members`; returns the exported values.
+
+    `members` and `exports` are binding positions (`BindingBlock.members`, `.exports`), `inputs`
+    the values it reads from outside (`.external_inputs`), in parameter order; `group` tags it.
+    """
     sub = relax.BlockBuilder()
     params = [relax.Var(x.name if isinstance(x, relax.Var) else f"c{k}", x.ty)
               for k, x in enumerate(inputs)]

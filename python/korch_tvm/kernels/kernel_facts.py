@@ -33,7 +33,10 @@ def kernel_blocks(kernel_mod: tvm.IRModule) -> list:
 
 
 def written_params(kernel_mod: tvm.IRModule, blocks: Sequence | None = None) -> list[bool]:
-    """For each parameter of `main`, whether some block writes it (an output)."""
+    """For each parameter of `main`, whether some block writes it (an output).
+
+    `blocks` are the kernel's `kernel_blocks` when the caller has them already.
+    """
     written = [region.source for block in (blocks if blocks is not None
                                            else kernel_blocks(kernel_mod))
                for region in block.writes]

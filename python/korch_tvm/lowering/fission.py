@@ -3,7 +3,8 @@
 Korch searches over kernels made of primitives (see ``primitive_kinds``); a composite operator
 such as softmax hides a reduce -> broadcast -> elementwise chain that the search should be free to
 split and regroup. ``PrimitiveLowering`` rewrites every call of an operator in ``LOWERING_RULES``
-into primitive Relax calls, one primitive per binding, in every Relax function of the module.
+(``rules.py``) into primitive Relax calls, one primitive per binding, in every Relax function of
+the module.
 Signatures are left alone, and operators without a rule (or a rule that declines an instance,
 e.g. training-mode batch norm or a dynamic group norm) pass through untouched.
 
@@ -143,7 +144,10 @@ def count_operators(mod: tvm.IRModule) -> Counter:
 
 
 def lowering_stats(before: tvm.IRModule, after: tvm.IRModule) -> dict:
-    """JSON-friendly counts for the compile report: what was seen, lowered, and what remains."""
+    """JSON-friendly counts for the compile report: what was seen, lowered, and what remains.
+
+    `before` is the module given to `lower_to_primitives`, `after` what it returned.
+    """
     seen, remaining = count_operators(before), count_operators(after)
     lowered = {
         op_name: seen[op_name] - remaining.get(op_name, 0)

@@ -82,6 +82,8 @@ def orchestration_rows(
 ) -> ConstraintRows | None:
     """The program's rows over columns 0..len(usable)-1, or None when some row cannot hold.
 
+    `usable` lists the kernels (indices into `problem.kernels`) the columns stand for.
+
     Always: (output) each graph output is an output of a chosen kernel; (supply) each input of
     a chosen kernel is an output of a chosen kernel. The optional families are valid for every
     plan (see `required_nodes`) and only tighten the LP relaxation:
@@ -133,7 +135,10 @@ def orchestration_rows(
 def cycle_cut_rows(
     problem: OrchestrationProblem, chosen: set[int], column_of: dict[int, int], first_producer: bool = True
 ) -> list[tuple[float, dict[int, float]]]:
-    """Valid inequalities that cut off the cyclic choice `chosen`.
+    """Valid inequalities that cut off the cyclic choice `chosen` (kernel indices).
+
+    `column_of` maps each usable kernel to its solver column; `first_producer=False` gives the
+    weaker set cut below instead.
 
     Scheduling stops with kernels S that each miss an input. Group them by "k needs an output of
     k'" and take each group G closed under that relation (a sink strongly connected component):
