@@ -21,6 +21,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--force", action="store_true", help="rebuild even if built")
     parser.add_argument("--cuda", action="store_true",
                         help="also build the cuBLAS extension (needs nvcc and cuBLAS headers)")
+    parser.add_argument("--cublas-root", type=Path, default=None,
+                        help="a folder with include/cublas_v2.h and lib/libcublas.so* (default: "
+                             "the CUDA toolkit, then NVIDIA's nvidia-cublas wheels)")
     args = parser.parse_args(argv)
     try:
         path = build_blas_extension(args.directory, force=args.force)
@@ -28,7 +31,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.cuda:
             from .cublas_build import build_cublas_extension
             print(f"korch_tvm: cuBLAS library kernels built: "
-                  f"{build_cublas_extension(args.directory, force=args.force)}")
+                  f"{build_cublas_extension(args.directory, args.force, args.cublas_root)}")
     except LibraryBuildError as error:
         print(f"korch_tvm: library kernels not built: {error}", file=sys.stderr)
         return 1

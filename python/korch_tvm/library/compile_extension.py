@@ -88,8 +88,9 @@ def _run(command: list[str], what: str) -> None:
     except (OSError, subprocess.TimeoutExpired) as error:
         raise LibraryBuildError(f"{what} could not run: {error}") from error
     if done.returncode != 0:
-        first = next((line for line in done.stderr.splitlines() if "error" in line),
-                     done.stderr.strip().splitlines()[-1] if done.stderr.strip() else "")
+        lines = (done.stderr or done.stdout).strip().splitlines()
+        first = next((line for line in lines if "error" in line and "collect2" not in line),
+                     lines[-1] if lines else "")
         raise LibraryBuildError(f"{what} failed (exit {done.returncode}): {first.strip()}")
 
 

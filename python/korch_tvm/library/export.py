@@ -13,19 +13,19 @@ from pathlib import Path
 import tvm
 from tvm import relax
 
-from .extension import BLAS_PREFIX, link_inputs
+from .extension import BLAS_PREFIX, CUBLAS_PREFIX, cublas_link_inputs, link_inputs
 
 CALL_DPS_PACKED = tvm.ir.Op.get("relax.call_dps_packed")
 
 
 def library_calls(mod: tvm.IRModule) -> set[str]:
-    """Names of the korch_tvm.blas.* functions that mod's Relax functions call."""
+    """Names of the korch_tvm.blas.* / korch_tvm.cublas.* functions mod's Relax code calls."""
     names: set[str] = set()
 
     def visit(expr):
         if (isinstance(expr, relax.Call) and expr.op.same_as(CALL_DPS_PACKED)
                 and isinstance(expr.args[0], relax.ExternFunc)
-                and str(expr.args[0].global_symbol).startswith(BLAS_PREFIX)):
+                and str(expr.args[0].global_symbol).startswith((BLAS_PREFIX, CUBLAS_PREFIX))):
             names.add(str(expr.args[0].global_symbol))
 
     for _, func in mod.functions_items():
@@ -34,8 +34,10 @@ def library_calls(mod: tvm.IRModule) -> set[str]:
     return names
 
 
-def export_library(executable, path: str | Path, directory: Path | None = None) -> Path:
-    """executable.export_library(path) with the BLAS extension linked in."""
-    files, options = link_inputs(directory)
+def export_library(executable, path: str | Path, directory: Path | None = None,
+                   cuda: bool = False) -> Path:
+    """executable.export_library(path) with the BLAS (or, with cuda, the cuBLAS) extension
+    linked in."""
+    files, options = cublas_link_inputs(directory) if cuda else link_inputs(directory)
     executable.export_library(str(path), addons=files, options=options)
     return Path(path)

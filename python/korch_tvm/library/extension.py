@@ -16,6 +16,7 @@ from .compile_extension import LibraryBuildError, blas_artifacts, openblas_paths
 logger = logging.getLogger("korch_tvm.library")
 
 BLAS_PREFIX = "korch_tvm.blas."
+CUBLAS_PREFIX = "korch_tvm.cublas."
 
 
 @functools.lru_cache(maxsize=None)
@@ -29,6 +30,20 @@ def load_blas_extension(directory: Path | None = None) -> bool:
     if not shared_path.is_file():
         logger.info("BLAS library kernels unavailable: %s is not built (run `python -m "
                     "korch_tvm.library.build`)", shared_path.name)
+        return False
+    import tvm_ffi
+    tvm_ffi.load_module(str(shared_path))
+    return True
+
+
+@functools.lru_cache(maxsize=None)
+def load_cublas_extension(directory: Path | None = None) -> bool:
+    """Load the cuBLAS extension (built with `build --cuda`) once; True if it is loaded."""
+    from .cublas_build import cublas_artifacts
+    _, shared_path = cublas_artifacts(directory)
+    if not shared_path.is_file():
+        logger.info("cuBLAS library kernels unavailable: %s is not built (run `python -m "
+                    "korch_tvm.library.build --cuda`)", shared_path.name)
         return False
     import tvm_ffi
     tvm_ffi.load_module(str(shared_path))
@@ -60,3 +75,14 @@ def link_inputs(directory: Path | None = None) -> tuple[list[str], list[str]]:
                                 "korch_tvm.library.build`")
     _, blas_library = openblas_paths()
     return [str(object_path), str(blas_library)], [f"-Wl,-rpath,{blas_library.parent}"]
+
+
+def cublas_link_inputs(directory: Path | None = None) -> tuple[list[str], list[str]]:
+    """The same for the cuBLAS extension: its shared library becomes a dependency of the
+    export (its own rpath finds cuBLAS), so loading the export loads and registers it."""
+    from .cublas_build import cublas_artifacts
+    _, shared_path = cublas_artifacts(directory)
+    if not shared_path.is_file():
+        raise LibraryBuildError(f"{shared_path} is not built; run `python -m "
+                                "korch_tvm.library.build --cuda`")
+    return [str(shared_path)], [f"-Wl,-rpath,{shared_path.parent}"]

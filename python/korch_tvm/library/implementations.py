@@ -17,7 +17,8 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from .extension import BLAS_PREFIX, blas_function, load_blas_extension
+from .extension import (BLAS_PREFIX, CUBLAS_PREFIX, load_blas_extension,
+                        load_cublas_extension)
 from .gemm_match import GemmSpec, match_gemm
 
 
@@ -42,35 +43,44 @@ class Implementation:
         return time_gemm(self.function, self.spec, repeats, min_repeat_seconds)
 
 
-def implementations_for(kernel_mod: tvm.IRModule) -> list[Implementation]:
-    """The library implementations of kernel_mod's `main`; empty when none applies here."""
+def implementations_for(kernel_mod: tvm.IRModule, device: str = "cpu") -> list[Implementation]:
+    """The library implementations of kernel_mod's `main` on `device` ("cpu": OpenBLAS,
+    "cuda": cuBLAS); empty when none applies or the extension is not built here."""
+    assert device in ("cpu", "cuda"), f"unknown library device {device!r}"
     spec = match_gemm(kernel_mod)
-    if spec is None or not load_blas_extension():
+    if spec is None:
         return []
-    if spec.batch_shape:
-        return [Implementation("openblas.sbgemm", BLAS_PREFIX + "sbgemm", spec)]
-    return [Implementation("openblas.sgemm", BLAS_PREFIX + "sgemm", spec)]
+    loaded = load_blas_extension() if device == "cpu" else load_cublas_extension()
+    if not loaded:
+        return []
+    vendor, prefix = ("openblas", BLAS_PREFIX) if device == "cpu" else ("cublas", CUBLAS_PREFIX)
+    routine = "sbgemm" if spec.batch_shape else "sgemm"
+    return [Implementation(f"{vendor}.{routine}", prefix + routine, spec)]
 
 
 def time_gemm(function_name: str, spec: GemmSpec, repeats: int = 7,
               min_repeat_seconds: float = 2e-3) -> float:
     """Median seconds of one call over `repeats` timed runs, each of enough calls to last
-    about min_repeat_seconds (the FFI call's microsecond overhead is included, as in the VM)."""
-    assert function_name.startswith(BLAS_PREFIX), f"not a BLAS library call: {function_name}"
-    function = blas_function(function_name[len(BLAS_PREFIX):])
+    about min_repeat_seconds (the FFI call's microsecond overhead is included, as in the VM).
+    cuBLAS calls run on CUDA device 0 and are timed up to a device synchronisation."""
+    assert function_name.startswith((BLAS_PREFIX, CUBLAS_PREFIX)), \
+        f"not a library call: {function_name}"
+    function = tvm.get_global_func(function_name)
+    device = tvm.cuda(0) if function_name.startswith(CUBLAS_PREFIX) else tvm.cpu()
     rng = np.random.default_rng(0)
-    a, b = (tvm.runtime.tensor(rng.standard_normal(shape, dtype="float32"))
+    a, b = (tvm.runtime.tensor(rng.standard_normal(shape, dtype="float32"), device)
             for shape in (spec.a_shape(), spec.b_shape()))
-    c = tvm.runtime.tensor(np.empty(spec.c_shape(), dtype="float32"))
+    c = tvm.runtime.tensor(np.empty(spec.c_shape(), dtype="float32"), device)
     flags = (int(spec.transpose_a), int(spec.transpose_b))
-    start = time.perf_counter()
-    function(a, b, *flags, c)                       # warm-up; also sizes the inner loop
-    once = max(time.perf_counter() - start, 1e-7)
-    number = max(1, min(1000, int(min_repeat_seconds / once)))
-    samples = []
-    for _ in range(max(1, repeats)):
+
+    def run(number: int) -> float:
+        device.sync()
         start = time.perf_counter()
         for _ in range(number):
             function(a, b, *flags, c)
-        samples.append((time.perf_counter() - start) / number)
-    return statistics.median(samples)
+        device.sync()
+        return (time.perf_counter() - start) / number
+
+    once = max(run(1), 1e-7)                        # warm-up; also sizes the inner loop
+    number = max(1, min(1000, int(min_repeat_seconds / once)))
+    return statistics.median(run(number) for _ in range(max(1, repeats)))
