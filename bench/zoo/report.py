@@ -136,6 +136,7 @@ def plot(summary: dict, path: str) -> bool:
         return False
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import FormatStrFormatter
 
     series = [("korch_vs_stock", "vs stock TVM"), ("korch_vs_ort", "vs ONNX Runtime"),
               ("korch_vs_openvino", "vs OpenVINO")]
@@ -147,6 +148,8 @@ def plot(summary: dict, path: str) -> bool:
         if ys:
             axes.bar(xs, ys, width, label=label)
     axes.set_yscale("log")
+    axes.yaxis.set_major_formatter(FormatStrFormatter("%.2g×"))
+    axes.yaxis.set_minor_formatter(FormatStrFormatter("%.2g×"))
     axes.axhline(1.0, color="black", linewidth=0.8)
     axes.set_xticks(range(len(ran)))
     axes.set_xticklabels([row["model"] for row in ran], rotation=60, ha="right", fontsize=8)
