@@ -1,4 +1,4 @@
-"""Kernels are timed on inputs they can run on: integer indices in range (costing/measure_inputs.py)."""
+"""Kernels are timed on inputs they can run on: integer indices in range (measure_inputs.py)."""
 
 import math
 

@@ -1,4 +1,4 @@
-"""What a failed kernel costs in the orchestration problem and in the report (pure graph, no TVM)."""
+"""What a failed kernel costs in the orchestration problem and its report (pure graph, no TVM)."""
 
 import dataclasses
 import math

@@ -35,7 +35,7 @@ def costed_by_prediction(costs: Mapping[str, object],
         if not math.isfinite(cost.seconds):
             seconds = float(predict(name))
             assert math.isfinite(seconds) and seconds > 0, \
-                f"kernel {name}: its prediction {seconds} s cannot stand in for a failed measurement"
+                f"kernel {name}: its prediction {seconds} s cannot stand in for a failed run"
             logger.warning("kernel %s could not be measured (%s); costed at its prediction "
                            "%.4g ms", name, cost.error or "no time", seconds * 1e3)
             cost = dataclasses.replace(cost, seconds=seconds, source="failed",
