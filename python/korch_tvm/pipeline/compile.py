@@ -2,9 +2,8 @@
 
 Two paths share everything but the middle, a pipeline of passes (pipeline/passes.py): the
 stock path fuses with TVM's FuseOps/FuseTIR, the Korch path runs KorchPass (fission,
-candidates, costing, optimal orchestration). Both tune
-through the same tuning log with the same trial budget, so comparing them compares
-orchestration only.
+candidates, costing, optimal orchestration). Both tune through the same tuning log with the
+same trial budget, so comparing them compares orchestration only.
 """
 
 from __future__ import annotations
@@ -39,7 +38,15 @@ def compile_model(model, target=None, *, korch: bool = True, tuning_logs: str | 
                   input_shapes_override: Mapping[str, Sequence[int]] | None = None,
                   config: KorchConfig | None = None, measure_latency: bool = False,
                   fallback_on_mismatch: bool = False):
-    """Compile `model` (ONNX path, `onnx.ModelProto` or Relax `IRModule`) for `target`.
+    """Compile `model` (ONNX path, `onnx.ModelProto` or Relax `IRModule`) for `target`
+    (anything `KorchConfig.target` takes: "llvm", "cuda", a JSON dict, a `Target`).
+
+    `korch` picks the path (Korch's orchestration, or TVM's stock fusion: the baseline);
+    `tuning_logs` is the root of the on-disk logs, `trials` the compile's MetaSchedule budget
+    and `time_budget` its seconds (see `KorchConfig`). `verify` checks the build against ONNX
+    Runtime (or the unoptimised module); `input_shapes_override` ({input name: dims}) replaces
+    an ONNX model's input shapes (needed where they are dynamic); `measure_latency` adds the
+    built model's latency.
 
     Returns `(executable, report)`: a `tvm.relax.VMExecutable` (export it with
     `export_library`, run it with `relax.VirtualMachine`) and a JSON-friendly dict saying what
@@ -158,8 +165,9 @@ def tune_model(model, target=None, *, korch: bool = True, tuning_logs: str | Non
                config: KorchConfig | None = None) -> dict:
     """Fill the tuning logs with what compiling `model` would measure and tune; build nothing.
 
-    The keyword arguments override `config` only when given, as in `compile_model`. A later
-    `compile_model` with the same settings then finds every kernel in the log.
+    The keyword arguments mean and override `config` as in `compile_model` (`tuning_logs`
+    is required: without a log the results are lost). A later `compile_model` with the same
+    settings then finds every kernel in the log. Returns the costing report (a dict).
     """
     started = time.perf_counter()
     config = (config or KorchConfig()).overridden(
@@ -192,11 +200,11 @@ def _mismatch_message(verification, plan, source, target, tolerance) -> str:
                f"the tolerance {verification.tolerance:g}")
     if plan is None:
         return message
-    from . import korch as passes  # the rewrite that the Korch path itself used
+    from ..backend.rewrite import rewrite_with_plan  # the rewrite the Korch path itself used
     from ..backend.verify import first_mismatching_kernel
 
     def build_groups(groups):
-        module = passes.rewrite_with_plan(plan.graph, groups, plan.tuning_log.database, target)
+        module = rewrite_with_plan(plan.graph, groups, plan.tuning_log.database, target)
         return build(module, target)
 
     inputs = random_inputs(source.shapes, source.dtypes, 0)
@@ -302,7 +310,10 @@ def _load_source(model, shape_overrides, check_verifier: bool = True) -> _Source
 def verify_executable(executable, target, source: _Source, tolerance: float | None,
                       seed: int = 0, tolerance_floor: float = DEFAULT_TOLERANCE):
     """Compare the built model with ONNX Runtime (when possible) or the unoptimised Relax module.
-    `tolerance=None`: each output's dtype default, at least `tolerance_floor`."""
+
+    `executable` was built for `target` from `source`; it runs on random inputs drawn with
+    `seed`. `tolerance=None`: each output's dtype default, at least `tolerance_floor`. Returns
+    the comparison (`backend.verify.compare`)."""
     inputs = random_inputs(source.shapes, source.dtypes, seed)
     actual = run_executable(executable, target, list(inputs.values()))
     expected, reference = reference_outputs(source, target, inputs, with_name=True)
@@ -310,8 +321,10 @@ def verify_executable(executable, target, source: _Source, tolerance: float | No
 
 
 def reference_outputs(source: _Source, target, inputs, with_name: bool = False):
-    """The outputs to match: ONNX Runtime's when it can run the model, else the unoptimised
-    Relax module's (plain `tvm.compile`: no fusion, no tuning, no fission)."""
+    """The outputs to match for `inputs` ({name: array}): ONNX Runtime's when it can run the
+    model, else those of `source`'s unoptimised Relax module (plain `tvm.compile` for `target`:
+    no fusion, no tuning, no fission). With `with_name`, (outputs, "onnxruntime" or
+    "relax-unoptimised")."""
     import tvm
 
     expected, reference = None, "relax-unoptimised"
@@ -326,7 +339,8 @@ def reference_outputs(source: _Source, target, inputs, with_name: bool = False):
 
 
 def measure_latency_ms(executable, target, source: _Source, repeat: int = 20) -> dict:
-    """Median and spread of end-to-end latency in milliseconds (warm-up call excluded)."""
+    """Median and spread (p10, p90) of `executable`'s end-to-end latency on `target`, in
+    milliseconds over `repeat` calls on random inputs shaped as `source`'s (warm-up excluded)."""
     import tvm
     from tvm import relax
 

@@ -50,9 +50,9 @@ def plan_korch(mod: tvm.IRModule, config: KorchConfig, *, predict_only: bool = F
     layout (layout/activations.py), then with a layout per region (layout/regions.py), and the plan of
     least modelled latency is kept. The trial budget is the compile's, not each layout's: the
     kernels of every layout's plan are tuned in one round, by their latency share (`tune_once`).
-    With
-    ``config.memory_limit == "stock"`` the plan needs no more activation storage than TVM's own
-    fusion groups (orchestration/memory_plan.py).
+    With ``config.memory_limit == "stock"`` the plan needs no more activation storage than TVM's
+    own fusion groups (orchestration/memory_plan.py). `session`: the compile's costing session
+    (default: one opened here on `config`'s tuning log).
     """
     if session is None:  # opened here: its log outlives it, in the plan
         with CostingSession.open(config, *open_tuning_log(config)) as opened:
@@ -63,29 +63,42 @@ def plan_korch(mod: tvm.IRModule, config: KorchConfig, *, predict_only: bool = F
 
     def plan_in(layout, variant, time_budget):
         return plan_in_layout(mod, variant, layout, config.with_changes(time_budget=time_budget),
-                               predict_only=predict_only, measure_with=measure_with,
-                               session=session)
+                              predict_only=predict_only, measure_with=measure_with,
+                              session=session)
 
     planned = plan_layouts(mod, config.layout, plan_in, session.seconds_left())
     regions = None
     if config.layout == "auto" and len(planned) == len(LAYOUTS):
-        try:
-            left = session.seconds_left()
-            mixed = _plan_region_layouts(mod, config.with_changes(time_budget=left), session,
-                                         predict_only=predict_only,
-                                         measure_with=measure_with)
-        except Exception as err:  # noqa: BLE001 - an optional plan must not sink the compile
-            if interrupts.pressed():  # a Ctrl-C TVM re-raised as an error
-                raise
-            logger.warning("a layout per region failed, so it is not considered: %s",
-                           error_summary(str(err) or repr(err)))
-            mixed = None
+        mixed = _try_region_layouts(mod, config, session, predict_only=predict_only,
+                                    measure_with=measure_with)
         if mixed is not None:
             planned[MIXED], regions = mixed
     tuned, tuning_seconds = {}, None
     if config.tunes and not predict_only:
         tuned, tuning_seconds = tune_once(planned.values(), session)
-    plans = {layout: pending.finish(tuned, tuning_seconds) for layout, pending in planned.items()}
+    return _cheapest_plan({layout: pending.finish(tuned, tuning_seconds)
+                           for layout, pending in planned.items()}, regions)
+
+
+def _try_region_layouts(mod: tvm.IRModule, config: KorchConfig, session: CostingSession, *,
+                        predict_only: bool, measure_with):
+    """`_plan_region_layouts` within what is left of the time budget; None, with a warning,
+    when it fails: an optional plan must not sink the compile."""
+    try:
+        left = session.seconds_left()
+        return _plan_region_layouts(mod, config.with_changes(time_budget=left), session,
+                                    predict_only=predict_only, measure_with=measure_with)
+    except Exception as err:  # noqa: BLE001 - see the docstring
+        if interrupts.pressed():  # a Ctrl-C TVM re-raised as an error
+            raise
+        logger.warning("a layout per region failed, so it is not considered: %s",
+                       error_summary(str(err) or repr(err)))
+        return None
+
+
+def _cheapest_plan(plans: dict[str, KorchPlan], regions: list[dict] | None) -> KorchPlan:
+    """The plan of least modelled latency, with every layout's outcome and the compile's
+    costing (each kernel once) in its report."""
     layouts = {layout: {"modelled_ms": plan.modelled_ms, "tuning": summarize(plan.costs.values())}
                for layout, plan in plans.items()}
     if regions is not None:
@@ -109,8 +122,8 @@ def _plan_region_layouts(mod: tvm.IRModule, config: KorchConfig, session: Costin
 
     def modelled_ms(module, layout):
         return plan_in_layout(module, module, layout, costing, predict_only=measure_with is None,
-                               measure_with=measure_with,
-                               session=session).finish({}, None).modelled_ms
+                              measure_with=measure_with,
+                              session=session).finish({}, None).modelled_ms
 
     logger.info("layout per region: costing %d regions in %s", len(regions), " and ".join(LAYOUTS))
     modules = [{layout: region_module(folded, region, layout) for layout in LAYOUTS}
@@ -128,8 +141,8 @@ def _plan_region_layouts(mod: tvm.IRModule, config: KorchConfig, session: Costin
     stitched = stitched_module(folded, regions, layouts,
                                [variants[layout] for variants, layout in zip(modules, layouts)])
     plan = plan_in_layout(mod, stitched, MIXED, config,
-                           predict_only=predict_only, measure_with=measure_with,
-                           session=session)
+                          predict_only=predict_only, measure_with=measure_with,
+                          session=session)
     return plan, [{"bindings": [region.start, region.stop], "layout": layout,
                    "predicted_ms": {name: round(ms, 4) for name, ms in costs.items()}}
                   for region, layout, costs in zip(regions, layouts, region_ms)]
@@ -146,7 +159,8 @@ def _quiet(log: logging.Logger):
 
 
 def rewrite_plan(plan: KorchPlan):
-    """The rewrite step: (module ready for tvm.compile, compile report) from a plan."""
+    """The rewrite step: `plan`'s chosen kernels as `main`, their schedules from the plan's
+    tuning log; returns (module ready for tvm.compile, compile report)."""
     rewrite_started = time.perf_counter()
     optimized = rewrite_with_plan(plan.graph, plan.chosen_groups, plan.tuning_log.database,
                                   plan.target)
@@ -169,5 +183,6 @@ def rewrite_plan(plan: KorchPlan):
 
 
 def run_korch(mod: tvm.IRModule, config: KorchConfig):
-    """Orchestrate `main` of `mod`; returns (module ready for tvm.compile, report dict)."""
+    """Orchestrate `main` of `mod` as `config` says (`plan_korch`, then `rewrite_plan`);
+    returns (module ready for tvm.compile, report dict)."""
     return rewrite_plan(plan_korch(mod, config))

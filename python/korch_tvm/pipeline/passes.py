@@ -45,20 +45,27 @@ class ConvertLayout:
         return convert_layout(mod, self.layout)
 
 
-@tvm.transform.module_pass(opt_level=0, name="korch_tvm.FoldConstants")
-class FoldConstants:
-    """Relax's FoldConstant, with constants' reshapes and transposes done in numpy first."""
+class _StageFunction:
+    """A pass that takes no settings: the module goes to the class's `stage` function."""
+
+    stage = None
 
     def transform_module(self, mod: tvm.IRModule, ctx) -> tvm.IRModule:
-        return fold_constants(mod)
+        return type(self).stage(mod)
+
+
+@tvm.transform.module_pass(opt_level=0, name="korch_tvm.FoldConstants")
+class FoldConstants(_StageFunction):
+    """Relax's FoldConstant, with constants' reshapes and transposes done in numpy first."""
+
+    stage = staticmethod(fold_constants)
 
 
 @tvm.transform.module_pass(opt_level=0, name="korch_tvm.LowerToPrimitives")
-class LowerToPrimitives:
+class LowerToPrimitives(_StageFunction):
     """Operator fission (composite operators into primitive ones) and its clean-up."""
 
-    def transform_module(self, mod: tvm.IRModule, ctx) -> tvm.IRModule:
-        return lower_to_primitives(mod)
+    stage = staticmethod(lower_to_primitives)
 
 
 @tvm.transform.module_pass(opt_level=0, name="korch_tvm.StockFusion")
@@ -74,11 +81,10 @@ class StockFusion:
 
 
 @tvm.transform.module_pass(opt_level=0, name="korch_tvm.MarkLayoutFreeWeights")
-class MarkLayoutFreeWeights:
+class MarkLayoutFreeWeights(_StageFunction):
     """Each kernel's constant weights marked layout free, so a schedule may repack them."""
 
-    def transform_module(self, mod: tvm.IRModule, ctx) -> tvm.IRModule:
-        return mark_layout_free_weights(mod)
+    stage = staticmethod(mark_layout_free_weights)
 
 
 @tvm.transform.module_pass(opt_level=0, name="korch_tvm.ApplyTuningLog")
@@ -96,11 +102,10 @@ class ApplyTuningLog:
 
 
 @tvm.transform.module_pass(opt_level=0, name="korch_tvm.ShareIdenticalKernels")
-class ShareIdenticalKernels:
+class ShareIdenticalKernels(_StageFunction):
     """One PrimFunc per distinct kernel: calls to equal copies go to the first."""
 
-    def transform_module(self, mod: tvm.IRModule, ctx) -> tvm.IRModule:
-        return share_identical_kernels(mod)
+    stage = staticmethod(share_identical_kernels)
 
 
 # -------------------------------------------------------------------------- path passes
