@@ -50,3 +50,21 @@ def test_measuring_twice_through_one_session_measures_once(tmp_path):
     assert {cost.source for cost in again.values()} == {"log"}
     assert {name: cost.seconds for name, cost in again.items()} == \
         {name: session.tuning_log.best_seconds(kernels[name]) for name in kernels}
+
+
+def test_the_cost_model_is_loaded_once_per_session_and_only_when_asked(tmp_path, monkeypatch):
+    from korch_tvm.costing import session as session_module
+
+    loads = []
+
+    def load(tuning_log, target):
+        loads.append(tuning_log.directory)
+        return lambda kernel_mod: 2e-6
+
+    monkeypatch.setattr(session_module, "default_predictor", load)
+    kernels = legalized_kernels(8)
+    with CostingSession.open(KorchConfig(tuning_logs=str(tmp_path), target=TARGET)) as session:
+        assert loads == []  # opening a session loads nothing
+        assert [session.predict(kernel) for kernel in kernels.values()] == [2e-6, 2e-6]
+        assert session.predict(kernels["add"]) == 2e-6
+    assert loads == [session.tuning_log.directory]

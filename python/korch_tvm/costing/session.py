@@ -24,6 +24,7 @@ from ..backend.target import host_core_count, parse_target
 from ..config import KorchConfig
 from ..kernels.fused import structural_key
 from ..layout.activations import layout_trial_share
+from .cost_model import default_predictor
 from .kernel_costs import KernelCost, Predictor, summarize
 from .log_seeds import Seed, seed_log
 from .measure import measure_kernels, profile_kernels, trial_allocation, tune_kernels
@@ -55,7 +56,8 @@ class CostingSession:
     """The costing of one compile (see the module docstring); made by `CostingSession.open`.
 
     `config` is the compile's configuration, `target` its resolved target, `tuning_log` and
-    `seed` the log and the seed log it uses, `scratch` the folder builders export into.
+    `seed` the log and the seed log it uses, `scratch` the folder builders export into. Its
+    runner, builder pool and cost model are made on first use and serve every later call.
     """
 
     def __init__(self, config: KorchConfig, tuning_log: TuningLog, seed: Seed | None,
@@ -66,6 +68,7 @@ class CostingSession:
         budget = config.time_budget
         self.deadline = math.inf if budget is None else time.perf_counter() + max(0.0, budget)
         self._runner, self._runner_made, self._builder = None, False, None
+        self._predictor: Predictor | None = None
 
     @classmethod
     @contextmanager
@@ -116,17 +119,24 @@ class CostingSession:
             self._builder = PooledBuilder(self.target, host_core_count(), scratch=self.scratch)
         return self._builder
 
+    def predict(self, kernel_mod: tvm.IRModule) -> float:
+        """The log's cost model's seconds for `kernel_mod` (else the analytic estimate): loaded
+        once per session, on the first prediction asked, and never retrained during it."""
+        if self._predictor is None:
+            self._predictor = default_predictor(self.tuning_log, self.target)
+        return self._predictor(kernel_mod)
+
     def measure(self, kernels: Mapping[str, tvm.IRModule], predictor: Predictor | None = None,
                 time_budget: float | None = None) -> dict[str, KernelCost]:
         """Every kernel's best known cost: from the log, one default measurement (and the
-        seed's schedule), or a prediction by `predictor` (None: the log's cost model).
+        seed's schedule), or a prediction by `predictor` (None: the session's `predict`).
         `time_budget` bounds this call within what is left of the session's."""
         runner = self.runner()
         return measure_kernels(kernels, self.target, self.tuning_log,
                                time_budget=self.seconds_left(time_budget), runner=runner,
                                builder=None if runner is None else self.builder(),
-                               predictor=predictor, progress=self.config.progress,
-                               seed_log=self.seed)
+                               predictor=predictor or self.predict,
+                               progress=self.config.progress, seed_log=self.seed)
 
     def tune(self, kernels: Mapping[str, tvm.IRModule], shares: Mapping[str, float],
              costs: Mapping[str, KernelCost], time_budget: float | None = None
@@ -154,7 +164,7 @@ class CostingSession:
                                 time_budget=self.seconds_left(time_budget), weights=weights,
                                 runner=runner,
                                 builder=None if runner is None else self.builder(),
-                                progress=config.progress, seed=config.seed, seed_log=self.seed,
+                                predictor=self.predict, progress=config.progress, seed=config.seed, seed_log=self.seed,
                                 scratch=self.scratch)
         distinct = {structural_key(kernels[name]): costs[name] for name in kernels}
         return Costing(costs, summarize(distinct.values()), self.tuning_log)
