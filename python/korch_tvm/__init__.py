@@ -4,6 +4,8 @@ Public API:
 * `compile_model(model, target="llvm", *, korch=True, tuning_logs=None, trials=0, ...)`
   -> `(executable, report)`
 * `KorchPass(config)`: a `tvm.transform.Pass` to use in place of FuseOps/FuseTIR
+* `korch_pipeline(config)`, `stock_pipeline(config)`: the two compile paths as
+  `tvm.transform.Sequential` lists (print one to read it); more passes in `pipeline.passes`
 * `KorchConfig`: every knob of a compile (its `target` resolved to a `tvm.target.Target` when made)
 * `PrimitiveLowering()`: the operator-fission pass on its own
 * `parse_target(spec)`: `llvm` (this CPU), `cuda`, or a JSON target dict -> `tvm.target.Target`
@@ -17,6 +19,8 @@ from .errors import KorchError
 _LAZY = {
     "compile_model": ("pipeline.compile", "compile_model"),
     "KorchPass": ("pipeline.passes", "KorchPass"),
+    "korch_pipeline": ("pipeline.passes", "korch_pipeline"),
+    "stock_pipeline": ("pipeline.passes", "stock_pipeline"),
     "KorchConfig": ("config", "KorchConfig"),
     "PrimitiveLowering": ("lowering.fission", "PrimitiveLowering"),
     "parse_target": ("target_spec", "parse_target"),

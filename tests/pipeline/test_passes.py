@@ -93,3 +93,12 @@ def test_running_the_pipelines_equals_the_function_path(tmp_path):
         return [(k["name"], k["calls"], k["key"], k["kind"]) for k in report["kernels"]]
 
     assert kernels(stock.last_report) == kernels(stock_report) and kernels(stock_report)
+
+
+def test_the_package_hands_out_the_pipelines_and_the_pass():
+    import korch_tvm
+
+    config = korch_tvm.KorchConfig(target=LLVM)
+    assert korch_tvm.KorchPass is passes.KorchPass
+    assert _names(korch_tvm.korch_pipeline(config)) == ["KorchPass"]
+    assert _names(korch_tvm.stock_pipeline(config)) == ["korch_tvm.StockPass"]
