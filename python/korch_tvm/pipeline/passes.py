@@ -6,10 +6,10 @@ and its `transform_module` hands the module to that function. `stock_pipeline(co
 `korch_pipeline(config)` are the `tvm.transform.Sequential` lists `compile_model` runs; print
 one to read the path, or build your own list from the passes here.
 
-The two path passes, `StockPass` and `KorchPass`, each search over
-activation layouts and spend one trial budget across them, so their per-layout steps (layout
-conversion, fission or stock fusion, costing, the tuning log applied) run inside them; the
-stage passes below are those steps, for a pipeline with one layout or for other uses.
+The two path passes, `StockPass` and `KorchPass`, each search over activation layouts and
+spend one trial budget across them, so their per-layout steps (layout conversion, fission or
+stock fusion, costing, the tuning log applied) run inside them, as calls of the same stage
+functions the stage passes below wrap: those are for a pipeline of one's own.
 """
 
 from __future__ import annotations
