@@ -9,6 +9,7 @@ import tvm
 from tvm import relax
 
 from korch_tvm.library import build as build_command
+from korch_tvm.library import cublas_build
 from korch_tvm.library import compile_extension as library_build
 from korch_tvm.library import implementations_for, load_blas_extension
 from test_library_gemm_match import legalized_kernels
@@ -62,3 +63,14 @@ def test_implementations_measure_themselves_and_emit_their_call(blas_extension):
     assert [int(x.value) for x in call.args[1].fields[2:]] == [0, 0]
     [add] = legalized_kernels([(4, 4)], lambda x: relax.op.add(x, x))
     assert implementations_for(add) == []
+
+
+def test_without_the_extension_a_gemm_kernel_has_no_implementation(monkeypatch, tmp_path, caplog):
+    monkeypatch.setattr(library_build, "library_dir", lambda: tmp_path)
+    monkeypatch.setattr(cublas_build, "library_dir", lambda: tmp_path)
+    [kernel] = legalized_kernels([(4, 6), (6, 5)], relax.op.matmul)
+    with caplog.at_level(logging.INFO, logger="korch_tvm.library"):
+        assert implementations_for(kernel) == []
+        assert implementations_for(kernel, device="cuda") == []
+    assert "BLAS library kernels unavailable" in caplog.text
+    assert "cuBLAS library kernels unavailable" in caplog.text

@@ -19,9 +19,9 @@ BLAS_PREFIX = "korch_tvm.blas."
 CUBLAS_PREFIX = "korch_tvm.cublas."
 
 
-@functools.lru_cache(maxsize=None)
 def load_blas_extension(directory: Path | None = None) -> bool:
-    """Load the extension once per process (a loaded library stays loaded); True if it is."""
+    """Load the extension (once per process: a loaded library stays loaded); True if loaded.
+    An absent one is looked for again on the next call, so a build later in the process counts."""
     try:
         _, shared_path = blas_artifacts(directory)
     except LibraryBuildError as error:
@@ -31,12 +31,9 @@ def load_blas_extension(directory: Path | None = None) -> bool:
         logger.info("BLAS library kernels unavailable: %s is not built (run `python -m "
                     "korch_tvm.library.build`)", shared_path.name)
         return False
-    import tvm_ffi
-    tvm_ffi.load_module(str(shared_path))
-    return True
+    return _load_once(str(shared_path))
 
 
-@functools.lru_cache(maxsize=None)
 def load_cublas_extension(directory: Path | None = None) -> bool:
     """Load the cuBLAS extension (built with `build --cuda`) once; True if it is loaded."""
     from .cublas_build import cublas_artifacts
@@ -45,8 +42,13 @@ def load_cublas_extension(directory: Path | None = None) -> bool:
         logger.info("cuBLAS library kernels unavailable: %s is not built (run `python -m "
                     "korch_tvm.library.build --cuda`)", shared_path.name)
         return False
+    return _load_once(str(shared_path))
+
+
+@functools.lru_cache(maxsize=None)
+def _load_once(path: str) -> bool:
     import tvm_ffi
-    tvm_ffi.load_module(str(shared_path))
+    tvm_ffi.load_module(path)
     return True
 
 
