@@ -453,7 +453,8 @@ def _settings_text(settings) -> str:
     """' (CPU, INFERENCE_NUM_THREADS 2, ...)' for a runtime's settings, '' when unknown."""
     if not settings:
         return ""
-    return " (" + ", ".join(f"{key} {value}" for key, value in settings.items()) + ")"
+    ordered = sorted(settings.items(), key=lambda item: item[0] != "device")  # JSON sorts keys
+    return " (" + ", ".join(f"{key} {value}" for key, value in ordered) + ")"
 
 
 def _fmt_sci(value) -> str:
