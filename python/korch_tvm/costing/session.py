@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import tvm
 
 from ..backend.cuda import device_present
-from ..backend.target import host_core_count, parse_target
+from ..backend.target import host_core_count
 from ..config import KorchConfig
 from ..kernels.fused import structural_key
 from ..layout.activations import layout_trial_share
@@ -63,7 +63,7 @@ class CostingSession:
     def __init__(self, config: KorchConfig, tuning_log: TuningLog, seed: Seed | None,
                  scratch: str) -> None:
         self.config = config
-        self.target = parse_target(config.target)
+        self.target = config.target  # resolved to a Target where the config is made
         self.tuning_log, self.seed, self.scratch = tuning_log, seed, scratch
         budget = config.time_budget
         self.deadline = math.inf if budget is None else time.perf_counter() + max(0.0, budget)
