@@ -38,6 +38,12 @@ def test_sbgemm_batched_shared_and_rank_four(blas_extension):
     assert rel_err(call("sbgemm", x, w, 0, 0, (2, 3, 5, 4)), x @ w) <= 1e-5
     p, v = rand(6, 4), rand(2, 6, 7)                          # shared A, transposed
     assert rel_err(call("sbgemm", p, v, 1, 0, (2, 4, 7)), p.T @ v) <= 1e-5
+    x, w = rand(2, 5, 5, 8), rand(1, 1, 8, 6)                 # a 1x1 NHWC convolution (HWIO)
+    assert rel_err(call("sbgemm", x, w, 0, 0, (2, 5, 5, 6)), x @ w[0, 0]) <= 1e-5
+    x, w = rand(2, 5, 8), rand(1, 6, 8)                       # shared, leading 1, transposed
+    assert rel_err(call("sbgemm", x, w, 0, 1, (2, 5, 6)), x @ w[0].T) <= 1e-5
+    p, v = rand(1, 6, 4), rand(3, 6, 7)
+    assert rel_err(call("sbgemm", p, v, 1, 0, (3, 4, 7)), p[0].T @ v) <= 1e-5
 
 
 def test_threads_follow_the_request(blas_extension):

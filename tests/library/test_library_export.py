@@ -55,7 +55,17 @@ def batched(a, b):
                       lambda n, i, j: te.sum(a[n, i, k] * b[n, k, j], axis=k))
 
 
+def conv_1x1(x, w):
+    """A 1x1 NHWC convolution written as legalization writes it (a unit window)."""
+    ry, rx, rc = (te.reduce_axis((0, n), name) for n, name in ((1, "ry"), (1, "rx"),
+                                                                (x.shape[3], "rc")))
+    return te.compute((*x.shape[:3], w.shape[3]), lambda n, h, v, f: te.sum(
+        x[n, h + ry, v + rx, rc] * w[ry, rx, rc, f], axis=[ry, rx, rc]))
+
+
 CASES = {
+    "conv_1x1": ((2, 6, 6, 16), (1, 1, 16, 24), conv_1x1,
+                 lambda x, w: x @ w[0, 0], "korch_tvm.blas.sbgemm"),
     "plain": ((48, 40), (40, 24), plain, lambda a, b: a @ b, "korch_tvm.blas.sgemm"),
     "qk_transposed": ((3, 20, 16), (3, 28, 16), query_key,
                       lambda a, b: a @ b.transpose(0, 2, 1), "korch_tvm.blas.sbgemm"),
@@ -71,7 +81,8 @@ def tir_callees(mod, function):
 
 
 def test_exported_library_runs_in_a_fresh_process(blas_extension, tmp_path):
-    """A plain matmul, attention's QK^T (B transposed) and a batched matmul, one export."""
+    """A plain matmul, attention's QK^T (B transposed), a batched matmul and a 1x1 NHWC
+    convolution, in one export."""
     rewritten = UseLibraryGemm()(gemm_module(CASES))
     assert library_calls(rewritten) == {"korch_tvm.blas.sgemm", "korch_tvm.blas.sbgemm"}
     for name in CASES:

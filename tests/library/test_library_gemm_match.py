@@ -71,8 +71,8 @@ def test_non_gemm_kernels_do_not_match():
     assert match_gemm(half) is None
     [softmax] = legalized_kernels([(5, 7)], lambda x: relax.op.sum(x, axis=[1]))
     assert match_gemm(softmax) is None
-    # a broadcast batch (index 0 on a size-1 axis) is not a plain GEMM operand
-    a, b = te.placeholder((1, 5, 7), name="A"), te.placeholder((2, 7, 3), name="B")
+    # a batch axis broadcast from size 1 on C's side is not a plain GEMM operand
+    a, b = te.placeholder((2, 5, 7), name="A"), te.placeholder((2, 7, 3), name="B")
     k = te.reduce_axis((0, 7), "k")
     out = te.compute((2, 5, 3), lambda n, i, j: te.sum(a[0, i, k] * b[n, k, j], axis=k))
     assert match_gemm(te_kernel(a, b, out)) is None
@@ -82,3 +82,24 @@ def test_non_gemm_kernels_do_not_match():
     k2 = te.reduce_axis((0, 7), "k2")
     sliced = te.compute((5, 3), lambda i, j: te.sum(big[i, k2] * w[k2, j], axis=k2))
     assert match_gemm(te_kernel(big, w, sliced)) is None
+
+
+def conv_nhwc(**options):
+    return lambda x, w: relax.op.nn.conv2d(x, w, data_layout="NHWC", kernel_layout="HWIO",
+                                           **options)
+
+
+def test_a_one_by_one_nhwc_convolution_is_a_gemm_with_a_shared_weight():
+    [conv] = legalized_kernels([(2, 14, 14, 32), (1, 1, 32, 64)], conv_nhwc())
+    assert match_gemm(conv) == GemmSpec((2, 14), 14, 64, 32, False, False, True, False, 0, 1)
+    for shapes, options in [(((2, 14, 14, 32), (1, 1, 32, 64)), {"strides": 2}),
+                            (((2, 14, 14, 32), (1, 1, 32, 64)), {"padding": 1}),
+                            (((2, 14, 14, 32), (3, 3, 32, 64)), {"padding": 1})]:
+        [kernel] = legalized_kernels(list(shapes), conv_nhwc(**options))
+        assert match_gemm(kernel) is None, options
+    # a size-1 leading axis indexed by 0 is a shared operand too
+    a, b = te.placeholder((1, 5, 7), name="A"), te.placeholder((2, 7, 3), name="B")
+    k = te.reduce_axis((0, 7), "k")
+    out = te.compute((2, 5, 3), lambda n, i, j: te.sum(a[0, i, k] * b[n, k, j], axis=k))
+    spec = match_gemm(te_kernel(a, b, out))
+    assert (spec.a_batched, spec.b_batched, spec.a_shape()) == (False, True, (5, 7))

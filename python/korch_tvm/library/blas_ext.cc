@@ -7,7 +7,8 @@
 // Calling convention (destination-passing, the output last):
 //   korch_tvm.blas.sgemm(A, B, transa, transb, C)   C[M,N] = op(A)[M,K] op(B)[K,N]
 //   korch_tvm.blas.sbgemm(A, B, transa, transb, C)  the same per batch; C has rank r >= 3,
-//       A and B have rank r (same leading dims as C) or rank 2 (shared by every batch).
+//       A and B have rank r (same leading dims as C), or rank 2 or leading dims all 1 (one
+//       matrix shared by every batch: a dense layer's or a 1x1 NHWC convolution's weight).
 // op(X) is X, or X's last two axes swapped when its flag is nonzero. Every tensor must be a
 // compact row-major float32 tensor on the CPU; anything else raises a ValueError naming it.
 #include <cblas.h>
@@ -102,9 +103,12 @@ void Sgemm(TensorView a, TensorView b, int64_t transa, int64_t transb, TensorVie
   Gemm(DataOf(a), DataOf(b), DataOf(c), transa != 0, transb != 0, s);
 }
 
-// A batched operand has the rank of C and C's leading dims; a rank-2 one is shared by all.
+// A batched operand has C's leading dims; a rank-2 one, or one whose leading dims are all 1
+// (a [1, 1, C, K] convolution weight), is one matrix shared by every batch.
 bool IsBatched(const TensorView& x, const TensorView& c, const char* fn, const char* name) {
-  if (x.ndim() == 2) return false;
+  bool unit_lead = true;
+  for (int i = 0; i + 2 < x.ndim(); ++i) unit_lead = unit_lead && x.size(i) == 1;
+  if (unit_lead) return false;
   if (x.ndim() != c.ndim()) {
     TVM_FFI_THROW(ValueError) << fn << ": " << name << " must have rank 2 or C's rank " << c.ndim()
                               << ", got " << x.ndim();
@@ -131,6 +135,11 @@ void Sbgemm(TensorView a, TensorView b, int64_t transa, int64_t transb, TensorVi
   const float* pa = DataOf(a);
   const float* pb = DataOf(b);
   float* pc = DataOf(c);
+  if (ba && !bb && !ta && batch * s.m <= std::numeric_limits<int>::max()) {
+    // A's batches are consecutive row blocks, as are C's: one GEMM with batch * M rows.
+    Gemm(pa, pb, pc, false, tb, {batch * s.m, s.n, s.k});
+    return;
+  }
   int64_t sa = ba ? s.m * s.k : 0, sb = bb ? s.k * s.n : 0, sc = s.m * s.n;
   for (int64_t i = 0; i < batch; ++i) {
     Gemm(pa + i * sa, pb + i * sb, pc + i * sc, ta, tb, s);

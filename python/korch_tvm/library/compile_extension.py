@@ -118,4 +118,7 @@ def build_blas_extension(directory: Path | None = None, force: bool = False) -> 
     finally:
         for leftover in (object_tmp, shared_tmp):
             leftover.unlink(missing_ok=True)
+    for stale in object_path.parent.glob("korch_blas-*"):   # builds of earlier sources
+        if stale.suffix in (".o", ".so") and stale not in (object_path, shared_path):
+            stale.unlink(missing_ok=True)
     return shared_path

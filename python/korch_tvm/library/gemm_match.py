@@ -4,8 +4,10 @@ Matching works on the kernel's PrimFunc, not on Relax's `R.matmul`: Korch prices
 kernels as PrimFuncs (one per candidate, keyed by structural_key), and a kernel that fused a
 transpose into its matmul is still one GEMM with a transposed operand. Producer blocks that only
 move data (a transpose) are inlined first; what remains must be one reduction block
-`C[b.., i, j] += A[..] * B[..]` whose indices are plain block variables. Anything else
-(an epilogue, a broadcast operand, a reshape's div/mod indices) is not a GEMM here.
+`C[b.., i, j] += A[..] * B[..]` whose indices are plain block variables (an operand shared by
+every batch has 0 in its leading indices; reduction axes of extent 1 count as 0, so a 1x1 NHWC
+convolution with HWIO weights, stride 1 and no padding is a GEMM). Anything else (an epilogue,
+a broadcast batch axis, a stride, a reshape's div/mod indices) is not a GEMM here.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from dataclasses import dataclass
 
 import tvm
 from tvm import tirx
+from tvm.sym.analyzer import Analyzer
 
 _INT32_MAX = 2**31 - 1
 
@@ -74,7 +77,15 @@ def match_gemm(kernel_mod: tvm.IRModule) -> GemmSpec | None:
     # The iteration must cover each buffer whole (no slice of a larger operand).
     shapes = [tuple(_as_int(s) for s in p.shape) for p in func.params]
     wanted = {spec.a_input: spec.a_shape(), spec.b_input: spec.b_shape(), 2: spec.c_shape()}
-    return spec if all(shapes[n] == shape for n, shape in wanted.items()) else None
+    return spec if all(_without_unit_lead(shapes[n], len(shape)) == shape
+                       for n, shape in wanted.items()) else None
+
+
+def _without_unit_lead(shape: tuple, rank: int) -> tuple:
+    """shape with leading size-1 axes dropped down to `rank` (a shared [1, 1, C, K] weight)."""
+    while len(shape) > rank and shape[0] == 1:
+        shape = shape[1:]
+    return shape
 
 
 def _is_scheduled(func) -> bool:
@@ -100,8 +111,12 @@ def _single_reduction_block(kernel_mod: tvm.IRModule):
 
 def _spec_of_block(block, params) -> GemmSpec | None:
     spatial = [iv.var for iv in block.iter_vars if iv.iter_type == tirx.IterVar.DataPar]
-    reduce = [iv.var for iv in block.iter_vars if iv.iter_type == tirx.IterVar.CommReduce]
-    if len(reduce) != 1 or len(spatial) + 1 != len(block.iter_vars) or len(spatial) < 2:
+    reduce = [iv for iv in block.iter_vars if iv.iter_type == tirx.IterVar.CommReduce]
+    # Reduction axes of extent 1 (a 1x1 convolution's window) are the constant 0.
+    unit = [iv.var for iv in reduce if _as_int(iv.dom.extent) == 1]
+    reduce = [iv.var for iv in reduce if _as_int(iv.dom.extent) != 1]
+    if len(reduce) != 1 or len(spatial) + 1 + len(unit) != len(block.iter_vars) \
+            or len(spatial) < 2:
         return None
     store = block.body
     if not isinstance(store, tirx.BufferStore) or not _is_zero_init(block.init, store):
@@ -116,17 +131,22 @@ def _spec_of_block(block, params) -> GemmSpec | None:
     loads = [value.b.a, value.b.b]
     if not all(isinstance(load, tvm.ir.TensorLoad) for load in loads):
         return None
-    return _assign_operands(loads, spatial, reduce[0], params, block)
+    analyzer = Analyzer()
+    for var in unit:
+        analyzer.bind(var, tirx.IntImm(str(var.ty.dtype), 0))
+    operands = [(load.source, [analyzer.simplify(index) for index in load.indices])
+                for load in loads]
+    return _assign_operands(operands, spatial, reduce[0], params, block)
 
 
-def _assign_operands(loads, spatial, k_var, params, block) -> GemmSpec | None:
+def _assign_operands(operands, spatial, k_var, params, block) -> GemmSpec | None:
     i_var, j_var, batch_vars = spatial[-2], spatial[-1], spatial[:-2]
     roles = {}
-    for load in loads:
-        role = _operand_role(load.indices, batch_vars, i_var, j_var, k_var)
+    for source, indices in operands:
+        role = _operand_role(indices, batch_vars, i_var, j_var, k_var)
         if role is None or role[0] in roles:
             return None
-        roles[role[0]] = (load.source,) + role[1:]
+        roles[role[0]] = (source,) + role[1:]
     if set(roles) != {"A", "B"}:
         return None
     positions = {}
@@ -152,12 +172,14 @@ def _assign_operands(loads, spatial, k_var, params, block) -> GemmSpec | None:
 def _operand_role(indices, batch_vars, i_var, j_var, k_var):
     """("A"|"B", transposed, batched) from an operand's index list, or None."""
     indices = list(indices)
-    if not all(isinstance(index, tirx.Var) for index in indices) or len(indices) < 2:
+    if len(indices) < 2 or not all(isinstance(index, tirx.Var) for index in indices[-2:]):
         return None
     lead, last = indices[:-2], indices[-2:]
-    if lead and not _same_vars(lead, batch_vars):
+    # Leading indices are C's batch axes (batched) or all 0 (one matrix shared by every batch).
+    shared = all(_as_int(index) == 0 for index in lead)
+    if not shared and not _same_vars(lead, batch_vars):
         return None
-    batched = bool(lead)
+    batched = not shared
     for role, row, transposed in (("A", i_var, False), ("A", i_var, True),
                                   ("B", j_var, False), ("B", j_var, True)):
         ordered = [k_var, row] if (role == "A") == transposed else [row, k_var]
