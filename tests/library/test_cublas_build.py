@@ -2,13 +2,16 @@
 
 import os
 import shutil
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 import tvm
 import tvm_ffi
+from tvm import relax
 
-from korch_tvm.library import LibraryBuildError
+from korch_tvm.library import LibraryBuildError, export_library
 from korch_tvm.library import cublas_build
 
 
@@ -51,6 +54,18 @@ def test_cublas_extension_compiles_loads_and_refuses_host_tensors(tmp_path):
     host = [tvm.runtime.tensor(np.zeros(s, "float32")) for s in ((4, 5), (5, 3), (4, 3))]
     with pytest.raises(ValueError, match="korch_tvm.cublas.sgemm: A must be on cuda:0"):
         sgemm(host[0], host[1], 0, 0, host[2])
+    # an export made with cuda=True loads the extension by itself in a fresh process
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((4,), "float32"))
+    with bb.function("main", [x]):
+        bb.emit_func_output(bb.emit(relax.op.add(x, x)))
+    export_library(tvm.compile(bb.get(), target="llvm"), tmp_path / "model.so",
+                   directory=tmp_path, cuda=True)
+    probe = ("import sys, tvm; tvm.runtime.load_module(sys.argv[1]); "
+             "print(tvm.get_global_func('korch_tvm.cublas.sbgemm', allow_missing=True) is not None)")
+    done = subprocess.run([sys.executable, "-c", probe, str(tmp_path / "model.so")],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "True", done.stderr[-2000:]
 
 
 @pytest.mark.gpu

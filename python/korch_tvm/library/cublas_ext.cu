@@ -2,7 +2,8 @@
 // same registration shape and calling convention as blas_ext.cc, so the Relax rewrite, the
 // export and the costing treat both alike:
 //   korch_tvm.cublas.sgemm(A, B, transa, transb, C)   C[M,N] = op(A)[M,K] op(B)[K,N]
-//   korch_tvm.cublas.sbgemm(A, B, transa, transb, C)  per batch; rank-2 operands are shared
+//   korch_tvm.cublas.sbgemm(A, B, transa, transb, C)  per batch; an operand of rank 2 or with
+//       leading dims all 1 is shared (stride 0)
 // All tensors row-major, compact, float32, on one CUDA device. The call runs on the stream TVM
 // has set for that device (TVMFFIEnvGetStream), so it orders with the surrounding kernels.
 #include <cublas_v2.h>
@@ -70,11 +71,18 @@ void Gemm(TensorView a, TensorView b, int64_t transa, int64_t transb, TensorView
   if (!batched && (ra != 2 || rb != 2 || rc != 2)) {
     TVM_FFI_THROW(ValueError) << fn << ": A, B and C must all have rank 2 (use sbgemm)";
   }
-  for (const TensorView* x : {&a, &b}) {
-    if (x->ndim() != 2 && x->ndim() != rc) {
+  // As in blas_ext.cc: an operand of rank 2, or with leading dims all 1, is shared.
+  bool shared[2];
+  const TensorView* operands[2] = {&a, &b};
+  for (int o = 0; o < 2; ++o) {
+    const TensorView* x = operands[o];
+    shared[o] = true;
+    for (int i = 0; i + 2 < x->ndim(); ++i) shared[o] = shared[o] && x->size(i) == 1;
+    if (shared[o]) continue;
+    if (x->ndim() != rc) {
       TVM_FFI_THROW(ValueError) << fn << ": operands must have rank 2 or C's rank";
     }
-    for (int i = 0; x->ndim() == rc && i + 2 < rc; ++i) {
+    for (int i = 0; i + 2 < rc; ++i) {
       if (x->size(i) != c.size(i)) TVM_FFI_THROW(ValueError) << fn << ": batch axes differ";
     }
   }
@@ -96,8 +104,8 @@ void Gemm(TensorView a, TensorView b, int64_t transa, int64_t transb, TensorView
   const float alpha = 1.0f, beta = 0.0f;
   cublasOperation_t op_a = ta ? CUBLAS_OP_T : CUBLAS_OP_N, op_b = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
   int lda = ta ? m : k, ldb = tb ? k : n;
-  long long stride_a = ra == 2 ? 0 : static_cast<long long>(m) * k;
-  long long stride_b = rb == 2 ? 0 : static_cast<long long>(k) * n;
+  long long stride_a = shared[0] ? 0 : static_cast<long long>(m) * k;
+  long long stride_b = shared[1] ? 0 : static_cast<long long>(k) * n;
   cublasStatus_t status = cublasSgemmStridedBatched(
       handle, op_b, op_a, n, m, k, &alpha, DataOf(b), ldb > 0 ? ldb : 1, stride_b, DataOf(a),
       lda > 0 ? lda : 1, stride_a, &beta, DataOf(c), n, static_cast<long long>(m) * n,

@@ -87,4 +87,5 @@ def cublas_link_inputs(directory: Path | None = None) -> tuple[list[str], list[s
     if not shared_path.is_file():
         raise LibraryBuildError(f"{shared_path} is not built; run `python -m "
                                 "korch_tvm.library.build --cuda`")
-    return [str(shared_path)], [f"-Wl,-rpath,{shared_path.parent}"]
+    # Nothing in the export refers to its symbols, so keep the linker from dropping it.
+    return [str(shared_path)], ["-Wl,--no-as-needed", f"-Wl,-rpath,{shared_path.parent}"]
