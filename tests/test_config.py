@@ -138,3 +138,11 @@ def test_a_bad_target_is_refused_in_one_line_where_the_config_is_made(bad, messa
     assert str(info.value).startswith(message) and "\n" not in str(info.value)
     with pytest.raises(KorchError, match="is not understood"):
         KorchConfig().with_changes(target="llvm -num-cores 2")
+
+
+def test_configs_for_the_same_target_are_equal_values():
+    """TVM compares Targets by identity; a config is a value, so two made alike are equal."""
+    assert KorchConfig(trials=4) == KorchConfig(trials=4)
+    assert hash(KorchConfig(trials=4)) == hash(KorchConfig(trials=4))
+    assert KorchConfig(trials=4) != KorchConfig(trials=5)
+    assert KorchConfig() != KorchConfig(target={"kind": "llvm", "mcpu": "generic"})

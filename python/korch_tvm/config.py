@@ -71,6 +71,19 @@ class KorchConfig:
         object.__setattr__(self, "target", parse_target(self.target))
         validate(self)
 
+    def __eq__(self, other) -> bool:
+        # TVM compares Targets by identity; two configs for the same target are equal.
+        if not isinstance(other, KorchConfig):
+            return NotImplemented
+        return self._fields() == other._fields()
+
+    def __hash__(self) -> int:
+        return hash(self._fields())
+
+    def _fields(self) -> tuple:
+        return tuple(str(value) if name == "target" else value
+                     for name, value in vars(self).items())
+
     def with_changes(self, **changes) -> "KorchConfig":
         return replace(self, **changes)
 
