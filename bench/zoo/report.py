@@ -53,6 +53,15 @@ def _num(value, digits=2, suffix="") -> str:
     return f"{value:.{digits}f}{suffix}"
 
 
+def _modelled(row: dict) -> str:
+    """Korch's modelled ms and its ratio to the measured; 'inf' shows a plan whose objective
+    kept a failed measurement's placeholder cost."""
+    value = row["korch_modelled_ms"]
+    if isinstance(value, float) and math.isinf(value):
+        return "inf (a cost was never measured)"
+    return f"{_num(value, 2)} ({_num(row['modelled_over_measured'], 2)}×)"
+
+
 def _cell(text: str) -> str:
     """Text safe inside a markdown table cell (a '|' would end the cell)."""
     return text.replace("|", "\\|").replace("\n", " ")
@@ -81,7 +90,7 @@ def _line(row: dict) -> str:
         f"| {_num(row['ort_ms'], 2)} | {_num(row['openvino_ms'], 2)} "
         f"| {_ratio(row, 'korch_vs_stock', 'stock')} | {_ratio(row, 'korch_vs_ort', 'ort')} "
         f"| {_ratio(row, 'korch_vs_openvino', 'openvino')} "
-        f"| {_num(row['korch_modelled_ms'], 2)} ({_num(row['modelled_over_measured'], 2)}×) "
+        f"| {_modelled(row)} "
         f"| {_sci(row['verification_rel_error'])} "
         f"| {_num(row['load'][0], 1)} / {_num(row['load'][1], 1)} | |")
 

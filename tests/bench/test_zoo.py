@@ -88,8 +88,9 @@ def test_aggregate_has_a_row_for_every_model_and_geomeans_only_what_ran(tmp_path
     per_model.mkdir()
     (per_model / "resnet18.json").write_text(json.dumps(
         _bench_result([4.0, 4.0, 4.0], [2.0, 2.0, 2.0], [1.0, 1.0, 1.0])))
-    (per_model / "deit_tiny.json").write_text(json.dumps(
-        _bench_result([8.0, 8.0, 8.0], [2.0, 2.0, 2.0], [4.0, 4.0, 4.0])))
+    unmeasured = _bench_result([8.0, 8.0, 8.0], [2.0, 2.0, 2.0], [4.0, 4.0, 4.0])
+    unmeasured["korch_plan"]["modelled_ms"] = float("inf")
+    (per_model / "deit_tiny.json").write_text(json.dumps(unmeasured))
     (per_model / "bert_2layer.failed.json").write_text(json.dumps(
         {"model": "bert_2layer", "reason": "korch-tvm: error: output 0 differs | a"}))
     manifest = {name: {"status": "ok"} for name in registry.BY_NAME}
@@ -105,13 +106,14 @@ def test_aggregate_has_a_row_for_every_model_and_geomeans_only_what_ran(tmp_path
     assert status["resnet50"] == "not run"
     assert summary["geomean"]["korch_vs_stock"] == pytest.approx((2.0 * 4.0) ** 0.5)
     assert summary["geomean"]["korch_vs_ort"] == pytest.approx((0.5 * 2.0) ** 0.5)
-    assert summary["geomean"]["modelled_over_measured"] == pytest.approx(0.75)
+    assert summary["geomean"]["modelled_over_measured"] == pytest.approx(0.75)  # inf left out
     assert summary["counts"]["ok"] == 2 and summary["counts"]["failed"] == 1
     table = (tmp_path / "zoo-0.md").read_text()
     assert "| bert_2layer | BERT-style encoder | failed |" in table
     assert table.count("korch-tvm: error: output 0 differs \\| a |") == 1  # '|' escaped
     assert "RuntimeError: no export" in table
     assert "| resnet18 | classic CNN | ok | 30 / 30 (warm 30 / 30) | 4.00 | 2.00 | 1.00 |" in table
+    assert "| 1.50 (0.75×) |" in table and "| inf (a cost was never measured) |" in table
     assert "load 3-4" in table and "shared 2-core machine" in table
     rows = [line for line in table.splitlines() if line.startswith("| ")][1:]
     assert len(rows) == len(registry.ZOO)
