@@ -127,3 +127,19 @@ def test_vit_front_take_is_measured_and_the_model_is_microseconds(tmp_path):
     assert take["cost_source"] == "measured"
     assert 0 < take["ms"] < 0.5  # 16 rows of 64 floats (it was null: every run died)
     assert 0 < plan["modelled_ms"] < 1.0  # it was 10^6 ms
+
+
+def test_a_failed_cost_keeps_its_prediction_in_the_default_schedule_costs():
+    """Lazy costing plans on default-schedule costs: a failed kernel's logged default run is
+    the failure itself, so it must not turn the prediction back into infinity there."""
+    from korch_tvm.costing.kernel_costs import default_schedule_costs
+
+    class LogOfFailures:  # what the log answers for a kernel whose every run failed
+        def default_seconds(self, kernel_mod):
+            return math.inf
+
+    costs = {"take": KernelCost(4e-6, "failed", 0, "Subprocess terminated"),
+             "add": KernelCost(2e-6, "measured", 0)}
+    defaults = default_schedule_costs({"take": None, "add": None}, costs, LogOfFailures())
+    assert defaults["take"] == costs["take"]
+    assert defaults["add"].seconds == math.inf  # a measured kernel takes the log's default run

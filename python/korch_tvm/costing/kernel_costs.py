@@ -42,7 +42,9 @@ def default_schedule_costs(kernels: Mapping[str, tvm.IRModule], costs: Mapping[s
     """
     result = {}
     for name, cost in costs.items():
-        default = tuning_log.default_seconds(kernels[name]) if cost.source != "predicted" else None
+        # a failed kernel keeps its prediction: its logged default run is the failure itself
+        looked_up = cost.source not in ("predicted", "failed")
+        default = tuning_log.default_seconds(kernels[name]) if looked_up else None
         result[name] = cost if default is None else KernelCost(default, "measured", 0, cost.error)
     return result
 
