@@ -19,7 +19,7 @@ library: $(STAMP)
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[test,plot]'
+	$(PY) -m pip install --quiet -e '.[test,plot,openvino]'
 	touch $(STAMP)
 
 # The demo writes nothing in the repository but out/: its measurements go to the user's cache
