@@ -50,9 +50,12 @@ def test_threads_follow_the_request(blas_extension):
     set_threads = tvm.get_global_func("korch_tvm.blas.set_num_threads")
     threads = tvm.get_global_func("korch_tvm.blas.num_threads")
     before = threads()
-    set_threads(1)
-    assert threads() == 1
-    set_threads(before)
+    assert set_threads(1) == 1 and threads() == 1
+    assert set_threads(4096) == before                  # never more than TVM's thread pool
+    a, b = rand(300, 260), rand(260, 280)                 # big enough to run on several threads
+    assert rel_err(call("sgemm", a, b, 0, 0, (300, 280)), a @ b) <= 1e-5
+    q, k = rand(4, 150, 64), rand(4, 170, 64)
+    assert rel_err(call("sbgemm", q, k, 0, 1, (4, 150, 170)), q @ k.transpose(0, 2, 1)) <= 1e-5
     with pytest.raises(ValueError, match="need 1..4096 threads"):
         set_threads(0)
 

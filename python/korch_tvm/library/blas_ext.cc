@@ -16,11 +16,65 @@
 #include <tvm/ffi/error.h>
 #include <tvm/ffi/function.h>
 
+#include <algorithm>
+#include <atomic>
 #include <cstdint>
-#include <cstdlib>
 #include <limits>
 
+// TVM's CPU thread pool (libtvm_runtime's C backend API, declared here to need no TVM headers).
+extern "C" {
+typedef struct {
+  void* sync_handle;
+  int32_t num_task;
+} TVMParallelGroupEnv;
+typedef int (*FTVMParallelLambda)(int task_id, TVMParallelGroupEnv* penv, void* cdata);
+int TVMBackendParallelLaunch(FTVMParallelLambda flambda, void* cdata, int num_task);
+}
+
 namespace {
+
+// OpenBLAS runs its parallel jobs on TVM's thread pool, not on threads of its own: a Relax
+// module alternates TVM kernels and BLAS calls, and two pools busy-waiting on the same cores
+// made a BLAS call many times slower. OpenBLAS's level-3 jobs wait on each other, so all of
+// them must run at once: the BLAS never gets more threads than the pool has.
+struct BlasJobs {
+  openblas_dojob_callback dojob;
+  char* jobdata;
+  size_t element_size;
+  int dojob_data;
+};
+
+int RunBlasJob(int task_id, TVMParallelGroupEnv*, void* cdata) {
+  auto* jobs = static_cast<BlasJobs*>(cdata);
+  jobs->dojob(task_id, jobs->jobdata + task_id * jobs->element_size, jobs->dojob_data);
+  return 0;
+}
+
+void RunOnTvmPool(int, openblas_dojob_callback dojob, int numjobs, size_t element_size,
+                  void* jobdata, int dojob_data) {
+  BlasJobs jobs{dojob, static_cast<char*>(jobdata), element_size, dojob_data};
+  TVMBackendParallelLaunch(RunBlasJob, &jobs, numjobs);
+}
+
+int TvmPoolSize() {
+  std::atomic<int> size{1};
+  TVMBackendParallelLaunch(
+      [](int, TVMParallelGroupEnv* penv, void* cdata) {
+        static_cast<std::atomic<int>*>(cdata)->store(penv->num_task);
+        return 0;
+      },
+      &size, 0);
+  return std::max(1, size.load());
+}
+
+std::atomic<bool> threads_configured{false};
+
+// At the first call (not at load time: that would start TVM's pool inside dlopen).
+void ConfigureThreads() {
+  if (threads_configured.exchange(true)) return;
+  scipy_openblas_set_threads_callback_function(RunOnTvmPool);
+  scipy_openblas_set_num_threads(TvmPoolSize());
+}
 
 using tvm::ffi::TensorView;
 
@@ -93,6 +147,7 @@ void Gemm(const float* a, const float* b, float* c, bool ta, bool tb, const Gemm
 
 void Sgemm(TensorView a, TensorView b, int64_t transa, int64_t transb, TensorView c) {
   const char* fn = "korch_tvm.blas.sgemm";
+  ConfigureThreads();
   CheckFloat32Compact(a, fn, "A", 2);
   CheckFloat32Compact(b, fn, "B", 2);
   CheckFloat32Compact(c, fn, "C", 2);
@@ -124,6 +179,7 @@ bool IsBatched(const TensorView& x, const TensorView& c, const char* fn, const c
 
 void Sbgemm(TensorView a, TensorView b, int64_t transa, int64_t transb, TensorView c) {
   const char* fn = "korch_tvm.blas.sbgemm";
+  ConfigureThreads();
   CheckFloat32Compact(a, fn, "A", 2);
   CheckFloat32Compact(b, fn, "B", 2);
   CheckFloat32Compact(c, fn, "C", 3);
@@ -146,11 +202,14 @@ void Sbgemm(TensorView a, TensorView b, int64_t transa, int64_t transb, TensorVi
   }
 }
 
-void SetThreads(int64_t n) {
+// At most the TVM pool's size (see RunOnTvmPool); returns the count the BLAS now uses.
+int64_t SetThreads(int64_t n) {
   if (n < 1 || n > 4096) {
     TVM_FFI_THROW(ValueError) << "korch_tvm.blas.set_num_threads: need 1..4096 threads, got " << n;
   }
-  scipy_openblas_set_num_threads(static_cast<int>(n));
+  ConfigureThreads();
+  scipy_openblas_set_num_threads(static_cast<int>(std::min<int64_t>(n, TvmPoolSize())));
+  return scipy_openblas_get_num_threads();
 }
 
 int64_t GetThreads() { return scipy_openblas_get_num_threads(); }
@@ -159,11 +218,6 @@ int64_t GetThreads() { return scipy_openblas_get_num_threads(); }
 
 TVM_FFI_STATIC_INIT_BLOCK() {
   using tvm::ffi::Function;
-  // A process that runs TVM with TVM_NUM_THREADS threads gives the BLAS the same number.
-  if (const char* env = std::getenv("TVM_NUM_THREADS")) {
-    int n = std::atoi(env);
-    if (n >= 1 && n <= 4096) scipy_openblas_set_num_threads(n);
-  }
   Function::SetGlobal("korch_tvm.blas.sgemm", Function::FromTyped(Sgemm), true);
   Function::SetGlobal("korch_tvm.blas.sbgemm", Function::FromTyped(Sbgemm), true);
   Function::SetGlobal("korch_tvm.blas.set_num_threads", Function::FromTyped(SetThreads), true);

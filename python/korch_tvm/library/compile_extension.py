@@ -54,6 +54,15 @@ def _tvm_ffi_paths() -> tuple[Path, Path]:
     return Path(tvm_ffi.libinfo.find_include_path()), Path(tvm_ffi.libinfo.find_libtvm_ffi())
 
 
+def _tvm_runtime_library() -> Path:
+    """libtvm_runtime.so, whose thread pool the BLAS runs its jobs on."""
+    import tvm.libinfo
+    try:
+        return Path(tvm.libinfo.find_libtvm_runtime())
+    except (RuntimeError, OSError) as error:
+        raise LibraryBuildError(f"TVM's libtvm_runtime.so not found: {error}") from error
+
+
 def build_key(source: Path = BLAS_SOURCE) -> str:
     """Hash of the source, the BLAS it links and the tvm-ffi version: names the outputs."""
     import tvm_ffi
@@ -110,9 +119,11 @@ def build_blas_extension(directory: Path | None = None, force: bool = False) -> 
     try:
         _run([cxx, "-std=c++17", "-O2", "-fPIC", "-c", str(BLAS_SOURCE), f"-I{ffi_include}",
               f"-I{blas_include}", "-o", str(object_tmp)], "compiling blas_ext.cc")
+        runtime = _tvm_runtime_library()
         _run([cxx, "-shared", "-o", str(shared_tmp), str(object_tmp), str(blas_library),
-              str(ffi_library), f"-Wl,-rpath,{blas_library.parent}",
-              f"-Wl,-rpath,{ffi_library.parent}"], "linking the BLAS extension")
+              str(ffi_library), str(runtime), f"-Wl,-rpath,{blas_library.parent}",
+              f"-Wl,-rpath,{ffi_library.parent}", f"-Wl,-rpath,{runtime.parent}"],
+             "linking the BLAS extension")
         os.replace(object_tmp, object_path)
         os.replace(shared_tmp, shared_path)
     finally:

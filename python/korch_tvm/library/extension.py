@@ -60,9 +60,11 @@ def blas_function(name: str):
     return function
 
 
-def set_blas_threads(count: int) -> None:
-    """Give the BLAS the compile's thread count (it reads TVM_NUM_THREADS when it loads)."""
-    blas_function("set_num_threads")(int(count))
+def set_blas_threads(count: int) -> int:
+    """Ask for `count` BLAS threads; returns the count granted. The BLAS runs its jobs on TVM's
+    thread pool (TVM_NUM_THREADS threads), so by default it uses the pool's size and never more;
+    1 avoids its busy-waiting between jobs on a machine whose cores other processes share."""
+    return int(blas_function("set_num_threads")(int(count)))
 
 
 def link_inputs(directory: Path | None = None) -> tuple[list[str], list[str]]:
