@@ -96,3 +96,18 @@ def _fresh_korch_logging():
         logger.handlers[:] = [h for h in logger.handlers if isinstance(h, logging.NullHandler)]
         logger.setLevel(logging.NOTSET)
         logger.propagate = True
+
+
+@pytest.fixture(scope="session")
+def blas_extension():
+    """The BLAS extension built (or reused: a no-op after `make install`) and loaded, once per
+    test session; skips where this machine cannot build it. It lives here, not in a conftest
+    of tests/library/, because test modules import this conftest by name."""
+    from korch_tvm.library import LibraryBuildError, build_blas_extension, load_blas_extension
+
+    try:
+        path = build_blas_extension()
+    except LibraryBuildError as error:
+        pytest.skip(f"the BLAS extension cannot be built here: {error}")
+    assert load_blas_extension(), f"built {path} but it did not load"
+    return path
