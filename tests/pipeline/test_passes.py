@@ -7,14 +7,16 @@ import tvm
 
 from conftest import make_tiny_onnx
 from korch_tvm.config import KorchConfig
+from korch_tvm.costing.session import CostingSession
 from korch_tvm.errors import KorchError
 from korch_tvm.frontend.onnx_import import import_onnx
 from korch_tvm.kernels.weight_packing import mark_layout_free_weights
 from korch_tvm.lowering.constant_folding import fold_constants
 from korch_tvm.lowering.fission import lower_to_primitives
 from korch_tvm.pipeline import passes
-from korch_tvm.pipeline.korch import run_korch
+from korch_tvm.pipeline.korch import korch_report, run_korch
 from korch_tvm.pipeline.stock import run_stock, stock_fusion
+from korch_tvm.pipeline.stock import stock_report as stock_report_of
 
 LLVM = {"kind": "llvm", "num-cores": 2}
 
@@ -23,14 +25,23 @@ def _names(pipeline) -> list[str]:
     return [step.info.name for step in pipeline.passes]
 
 
+KORCH_STEPS = ["korch_tvm.PlanKorch", "korch_tvm.ApplyTuningLog", "korch_tvm.ShareIdenticalKernels"]
+STOCK_STEPS = ["korch_tvm.StockPass", "korch_tvm.ApplyTuningLog"]
+
+
 def test_the_pipelines_print_their_passes_in_order():
     config = KorchConfig(target=LLVM)
-    korch = passes.korch_pipeline(config)
-    stock = passes.stock_pipeline(config)
-    assert korch.info.name == "korch_tvm.korch_pipeline" and _names(korch) == ["KorchPass"]
-    assert stock.info.name == "korch_tvm.stock_pipeline" and _names(stock) == [
-        "korch_tvm.StockPass"]
-    assert 'name="KorchPass"' in str(korch) and 'name="korch_tvm.StockPass"' in str(stock)
+    with CostingSession.open(config) as session:
+        korch = passes.korch_pipeline(config, session)
+        stock = passes.stock_pipeline(config, session)
+    assert korch.info.name == "korch_tvm.korch_pipeline" and _names(korch) == KORCH_STEPS
+    assert stock.info.name == "korch_tvm.stock_pipeline" and _names(stock) == STOCK_STEPS
+    printed = str(korch)
+    positions = [printed.index(f'name="{name}"') for name in KORCH_STEPS]
+    assert positions == sorted(positions), printed
+    assert 'name="korch_tvm.StockPass"' in str(stock)
+    reordered = tvm.transform.Sequential(list(reversed(korch.passes)))  # a list one can reorder
+    assert _names(reordered) == KORCH_STEPS[::-1]
 
 
 def test_each_stage_pass_is_its_stage_function():
@@ -52,48 +63,63 @@ def test_each_stage_pass_is_its_stage_function():
 def test_a_path_pass_failure_comes_out_of_the_pipeline_as_itself(monkeypatch, raised):
     """TVM's FFI turns an OSError, a KorchError or a Ctrl-C raised in a pass into a
     RuntimeError; the CLI tells the user's fault from the machine's by the type."""
-    def fail(mod, config):
+    def fail(mod, config, session=None, **_):
         raise raised
 
-    monkeypatch.setattr(passes, "run_stock", fail)
+    monkeypatch.setattr(passes, "choose_stock_layout", fail)
+    monkeypatch.setattr(passes, "plan_korch", fail)
     config = KorchConfig(target=LLVM)
     module = import_onnx(make_tiny_onnx(8, 16))
-    with pytest.raises(BaseException) as plain:  # what TVM makes of it
-        passes.stock_pipeline(config)(module)
-    assert type(plain.value) is RuntimeError
-    path = passes.StockPass(config)
+    with CostingSession.open(config) as session:
+        with pytest.raises(BaseException) as plain:  # what TVM makes of it
+            passes.stock_pipeline(config, session)(module)
+        assert type(plain.value) is RuntimeError
+        path = passes.StockPass(config, session)
+        with pytest.raises(type(raised)) as kept:
+            passes.run_pipeline(passes.stock_pipeline(config, session, path), module, path)
+        assert kept.value is raised
+    korch = passes.KorchPass(config)  # a pipeline run inside a pass: still the very exception
     with pytest.raises(type(raised)) as kept:
-        passes.run_pipeline(passes.stock_pipeline(config, path), module, path)
+        passes.run_pipeline(tvm.transform.Sequential([korch]), module, korch)
     assert kept.value is raised
 
 
+def _comparable(report: dict) -> dict:
+    """A path's report without its stage times (the one thing that differs run to run)."""
+    return {key: value for key, value in report.items() if key != "stage_seconds"}
+
+
 def test_running_the_pipelines_equals_the_function_path():
-    """Same module built, same plan. A spent time budget predicts every cost (nothing is
-    measured), so both runs plan with the same numbers."""
+    """Same module built, same report. A spent time budget predicts every cost (nothing is
+    measured), so every run plans with the same numbers."""
     config = KorchConfig(target=LLVM, layout="NCHW", time_budget=0.0)
     module = import_onnx(make_tiny_onnx(16, 32))
     by_function, function_report = run_korch(module, config)
-    korch = passes.KorchPass(config)
-    by_pipeline = passes.run_pipeline(passes.korch_pipeline(config, korch), module, korch)
+    assert function_report["plan"]["kernels"] and "kernels_scheduled_from_log" in function_report
+    with CostingSession.open(config) as session:
+        planning = passes.PlanKorch(config, session)
+        by_pipeline = passes.run_pipeline(passes.korch_pipeline(config, session, planning),
+                                          module, planning)
+        pipeline_report = korch_report(planning.last_plan, by_pipeline, planning.planned_at)
     tvm.ir.assert_structural_equal(by_pipeline, by_function)
-
-    def chosen(report):
-        return [(kernel["primitives"], kernel["key"]) for kernel in report["plan"]["kernels"]]
-
-    assert chosen(korch.last_report) == chosen(function_report) and chosen(function_report)
-    assert korch.last_report["plan"]["kernels"] == function_report["plan"]["kernels"]
-    assert korch.last_report["modelled_ms"] == function_report["modelled_ms"]
-    assert korch.last_plan.chosen_groups == [frozenset(primitives)
-                                             for primitives, _ in chosen(function_report)]
+    assert _comparable(pipeline_report) == _comparable(function_report)
+    korch = passes.KorchPass(config)  # the whole pipeline as one pass, in a user's Sequential
+    by_pass = passes.run_pipeline(tvm.transform.Sequential([korch]), module, korch)
+    tvm.ir.assert_structural_equal(by_pass, by_function)
+    assert _comparable(korch.last_report) == _comparable(function_report)
+    assert korch.last_plan.chosen_groups == [frozenset(kernel["primitives"])
+                                             for kernel in function_report["plan"]["kernels"]]
 
     stock_by_function, stock_report = run_stock(module, config)
-    stock = passes.StockPass(config)
-    stock_by_pipeline = passes.run_pipeline(passes.stock_pipeline(config, stock), module, stock)
+    with CostingSession.open(config) as session:
+        stock = passes.StockPass(config, session)
+        stock_by_pipeline = passes.run_pipeline(passes.stock_pipeline(config, session, stock),
+                                                module, stock)
+        stock_pipeline_report = stock_report_of(stock.last_choice, stock_by_pipeline,
+                                                session.tuning_log)
     tvm.ir.assert_structural_equal(stock_by_pipeline, stock_by_function)
-    def kernels(report):
-        return [(k["name"], k["calls"], k["key"], k["kind"]) for k in report["kernels"]]
-
-    assert kernels(stock.last_report) == kernels(stock_report) and kernels(stock_report)
+    assert stock_pipeline_report == stock_report and stock_report["kernels"]
+    tvm.ir.assert_structural_equal(stock.last_choice.fused, stock_fusion(module, config.target))
 
 
 def test_the_package_hands_out_the_pipelines_and_the_pass():
@@ -101,5 +127,6 @@ def test_the_package_hands_out_the_pipelines_and_the_pass():
 
     config = korch_tvm.KorchConfig(target=LLVM)
     assert korch_tvm.KorchPass is passes.KorchPass
-    assert _names(korch_tvm.korch_pipeline(config)) == ["KorchPass"]
-    assert _names(korch_tvm.stock_pipeline(config)) == ["korch_tvm.StockPass"]
+    with CostingSession.open(config) as session:
+        assert _names(korch_tvm.korch_pipeline(config, session)) == KORCH_STEPS
+        assert _names(korch_tvm.stock_pipeline(config, session)) == STOCK_STEPS

@@ -1,9 +1,10 @@
 """compile_model: ONNX or Relax in, a built Relax executable and a report out.
 
 Two paths share everything but the middle, a pipeline of passes (pipeline/passes.py): the
-stock path fuses with TVM's FuseOps/FuseTIR, the Korch path runs KorchPass (fission,
-candidates, costing, optimal orchestration). Both tune through the same tuning log with the
-same trial budget, so comparing them compares orchestration only.
+stock path fuses with TVM's FuseOps/FuseTIR, the Korch path plans with PlanKorch (fission,
+candidates, costing, optimal orchestration); both then apply the tuning log. One costing
+session serves the whole compile, so both tune through the same tuning log with the same trial
+budget, and comparing them compares orchestration only.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from ..backend.verify import (DEFAULT_TOLERANCE, compare, onnxruntime_opset_prob
                               onnxruntime_outputs, random_inputs, run_executable)
 from ..config import KorchConfig
 from ..costing.metaschedule_setup import builder_scratch_directory
+from ..costing.session import CostingSession
 from ..errors import KorchError
 from ..frontend.onnx_import import (check_activations_fit, import_onnx, input_dtypes, input_shapes,
                                     load_onnx)
@@ -68,8 +70,11 @@ def compile_model(model, target=None, *, korch: bool = True, tuning_logs: str | 
     threads = configure_threads(config.num_threads)
     source = _load_source(model, input_shapes_override, check_verifier=verify)
     report = _base_report(source, config, tvm_target, korch, threads)
-    with builder_scratch_directory():
-        optimized, plan = _optimize(source, config, korch, report)
+    # One costing session for the whole compile, fallback included: the log is read once and
+    # the builders start once; it stays open through the build and the verification, which
+    # read the plan's log (a throw-away one lives in the session's scratch folder).
+    with builder_scratch_directory(), CostingSession.open(config) as session:
+        optimized, plan = _optimize(source, config, korch, report, session)
         executable = build(optimized, tvm_target)
         report["compile_seconds"] = round(time.perf_counter() - started, 3)
         if is_cuda(tvm_target):
@@ -80,7 +85,8 @@ def compile_model(model, target=None, *, korch: bool = True, tuning_logs: str | 
             report["verification"] = {"skipped": missing_device}
             verify = measure_latency = False
         if verify:
-            executable = _verify(executable, source, config, plan, report, fallback_on_mismatch)
+            executable = _verify(executable, source, config, plan, report,
+                                 fallback_on_mismatch, session)
             report["compile_seconds"] = round(time.perf_counter() - started, 3)
     if measure_latency:
         report["latency_ms"] = measure_latency_ms(executable, tvm_target, source)
@@ -106,21 +112,35 @@ def _base_report(source, config: KorchConfig, tvm_target, korch: bool, threads: 
     return report
 
 
-def _optimize(source, config: KorchConfig, korch: bool, report: dict):
-    """(optimized module, Korch plan or None) on the chosen path; the path's report joins
-    `report`. A model without operators has nothing to orchestrate: both paths build it as is.
-    """
+def _optimize(source, config: KorchConfig, korch: bool, report: dict, session):
+    """(optimized module, Korch plan or None) on the chosen path, costed through `session`;
+    the path's report joins `report`. A model without operators has nothing to orchestrate:
+    both paths build it as is."""
     if korch and not has_operators(source.relax_module):
         logger.info("the model has no operators, so there is nothing for Korch to orchestrate")
         korch = False
         report["korch_note"] = "no operators: built on the stock path"
-    from .passes import KorchPass, StockPass, korch_pipeline, run_pipeline, stock_pipeline
+    optimized, path_report, plan = _run_path(source.relax_module, config, korch, session)
+    report.update(path_report)
+    return optimized, plan
 
-    path = KorchPass(config) if korch else StockPass(config)
-    pipeline = (korch_pipeline if korch else stock_pipeline)(config, path)
-    optimized = run_pipeline(pipeline, source.relax_module, path)
-    report.update(path.last_report)
-    return optimized, getattr(path, "last_plan", None)
+
+def _run_path(mod, config: KorchConfig, korch: bool, session):
+    """(optimized module, the path's report, Korch plan or None): the Korch or the stock
+    pipeline (pipeline/passes.py) run on `mod` through `session`; the schedule counts are
+    read off the pipeline's result."""
+    from .korch import korch_report
+    from .passes import PlanKorch, StockPass, korch_pipeline, run_pipeline, stock_pipeline
+    from .stock import stock_report
+
+    if korch:
+        planning = PlanKorch(config, session)
+        optimized = run_pipeline(korch_pipeline(config, session, planning), mod, planning)
+        plan = planning.last_plan
+        return optimized, korch_report(plan, optimized, planning.planned_at), plan
+    stock = StockPass(config, session)
+    optimized = run_pipeline(stock_pipeline(config, session, stock), mod, stock)
+    return optimized, stock_report(stock.last_choice, optimized, session.tuning_log), None
 
 
 def has_operators(mod) -> bool:
@@ -133,9 +153,11 @@ def has_operators(mod) -> bool:
     return bool(found)
 
 
-def _verify(executable, source, config: KorchConfig, plan, report: dict, fallback: bool):
+def _verify(executable, source, config: KorchConfig, plan, report: dict, fallback: bool,
+            session):
     """Check the build against the reference; on a mismatch fail with what to do, or rebuild
-    on the stock path when `fallback` (the Korch path only). Returns the executable to keep."""
+    on the stock path through `session` when `fallback` (the Korch path only). Returns the
+    executable to keep."""
     target = config.target
     verification = verify_executable(executable, target, source, config.verify_tolerance,
                                      tolerance_floor=_tolerance_floor(target))
@@ -146,7 +168,7 @@ def _verify(executable, source, config: KorchConfig, plan, report: dict, fallbac
     if plan is None or not fallback:
         hint = "; or rerun with --fallback-on-mismatch to use the stock plan" if plan else ""
         raise KorchError(message + "; " + _MISMATCH_ADVICE + hint)
-    return _stock_fallback(source, config, message, report)
+    return _stock_fallback(source, config, message, report, session)
 
 
 # What a user can do about a verification failure, in the order worth trying.
@@ -176,15 +198,15 @@ def tune_model(model, target=None, *, korch: bool = True, tuning_logs: str | Non
         raise KorchError("tuning needs --tuning-logs DIR: without a log the results are lost")
     threads = configure_threads(config.num_threads)
     source = _load_source(model, input_shapes_override, check_verifier=False)
-    with builder_scratch_directory():
+    with builder_scratch_directory(), CostingSession.open(config) as session:
         if korch and has_operators(source.relax_module):
             from .korch import plan_korch
 
-            report = plan_korch(source.relax_module, config).report()
+            report = plan_korch(source.relax_module, config, session=session).report()
         else:
             from .stock import run_stock
 
-            _, report = run_stock(source.relax_module, config)
+            _, report = run_stock(source.relax_module, config, session)
     report.update(model=source.name, korch=bool(korch), target_tag=target_tag(config.target),
                   threads=threads,
                   trials_budget=config.trials, trials_per_kernel=config.trials_per_kernel,
@@ -242,12 +264,11 @@ def _wrong_record_note(plan, nodes, target) -> str:
             "checks every kernel's)")
 
 
-def _stock_fallback(source, config, reason, report):
-    """Rebuild on the stock path after a Korch mismatch; the report keeps both verifications."""
-    from .stock import run_stock
-
+def _stock_fallback(source, config, reason, report, session):
+    """Rebuild on the stock path, through the compile's `session`, after a Korch mismatch;
+    the report keeps both verifications."""
     logger.warning("%s; falling back to the stock plan", reason)
-    optimized, stock_report = run_stock(source.relax_module, config)
+    optimized, stock_report, _ = _run_path(source.relax_module, config, False, session)
     executable = build(optimized, config.target)
     verification = verify_executable(executable, config.target, source, config.verify_tolerance,
                                      tolerance_floor=_tolerance_floor(config.target))

@@ -2,7 +2,7 @@
 
 Each stage takes the previous stage's value and returns a new one; this file only composes
 them, so reading `plan_korch` and `rewrite_plan` tells the whole story of a Korch compile
-(`KorchPass`, in passes.py, runs the two).
+(the Korch pipeline in passes.py runs the same steps as passes; `korch_report` is its report).
 `plan_korch` stops before the rewrite, so `korch-tvm explain` shows the very plan a compile
 would build without building it.
 """
@@ -164,6 +164,13 @@ def rewrite_plan(plan: KorchPlan):
     rewrite_started = time.perf_counter()
     optimized = rewrite_with_plan(plan.graph, plan.chosen_groups, plan.tuning_log.database,
                                   plan.target)
+    return optimized, korch_report(plan, optimized, rewrite_started)
+
+
+def korch_report(plan: KorchPlan, optimized: tvm.IRModule, rewrite_started: float) -> dict:
+    """The Korch path's report: `plan`'s, with the schedule counts of `optimized` (the plan
+    rewritten, its schedules applied) and the seconds since `rewrite_started` (the
+    `time.perf_counter()` at which the rewrite began) as the rewrite's stage time."""
     report = plan.report()
     chosen_keys = {plan.kernel_keys[i] for i in plan.chosen} - {None}
     report.update(schedule_counts(optimized, [plan.kernel_modules[key] for key in chosen_keys],
@@ -179,7 +186,7 @@ def rewrite_plan(plan: KorchPlan):
     unscheduled = build_partition_module(plan.graph, plan.chosen_groups)
     report["kind_ms"] = plan_kind_times(unscheduled, report["plan"])  # conv 1x1 / matmul / ...
     report["kernel_kinds"] = module_kernel_kinds(unscheduled)
-    return optimized, report
+    return report
 
 
 def run_korch(mod: tvm.IRModule, config: KorchConfig):

@@ -2,35 +2,40 @@
 
 Each pass is a thin, named wrapper over a stage function that already exists (the stage
 modules stay plain functions, testable on their own): its `__init__` takes what the step needs
-and its `transform_module` hands the module to that function. `stock_pipeline(config)` and
-`korch_pipeline(config)` are the `tvm.transform.Sequential` lists `compile_model` runs; print
-one to read the path, or build your own list from the passes here.
+and its `transform_module` hands the module to that function. `stock_pipeline(config,
+session)` and `korch_pipeline(config, session)` are the `tvm.transform.Sequential` lists
+`compile_model` runs, all of their passes costed through the compile's one `CostingSession`;
+print one to read the path, or build your own list from the passes here.
 
-The two path passes, `StockPass` and `KorchPass`, each search over activation layouts and
-spend one trial budget across them, so their per-layout steps (layout conversion, fission or
-stock fusion, costing, the tuning log applied) run inside them, as calls of the same stage
-functions the stage passes below wrap: those are for a pipeline of one's own.
+The first pass of each pipeline, `StockPass` or `PlanKorch`, searches over activation layouts
+and spends one trial budget across them, so its per-layout steps (layout conversion, fission
+or stock fusion, costing) run inside it, as calls of the same stage functions the stage
+passes below wrap. `KorchPass` is the whole Korch pipeline as one pass, for a user's own
+Sequential.
 """
 
 from __future__ import annotations
 
-from contextlib import contextmanager
+import time
+from contextlib import contextmanager, nullcontext
 
 import tvm
 
 from ..backend.rewrite import apply_tuning_log, share_identical_kernels
 from ..config import KorchConfig
+from ..costing.session import CostingSession, open_tuning_log
+from ..kernels.fused import build_partition_module
 from ..kernels.weight_packing import mark_layout_free_weights
 from ..layout.activations import convert_layout
 from ..lowering.constant_folding import fold_constants
 from ..lowering.fission import lower_to_primitives
-from .korch import plan_korch, rewrite_plan
+from .korch import korch_report, plan_korch
 from .layout_plan import KorchPlan
-from .stock import run_stock, stock_fusion
+from .stock import StockChoice, choose_stock_layout, stock_fusion
 
 __all__ = ["ApplyTuningLog", "ConvertLayout", "FoldConstants", "KorchPass", "LowerToPrimitives",
-           "MarkLayoutFreeWeights", "ShareIdenticalKernels", "StockFusion", "StockPass",
-           "korch_pipeline", "run_pipeline", "stock_pipeline"]
+           "MarkLayoutFreeWeights", "PlanKorch", "ShareIdenticalKernels", "StockFusion",
+           "StockPass", "korch_pipeline", "run_pipeline", "stock_pipeline"]
 
 
 # ------------------------------------------------------------------------- stage passes
@@ -122,61 +127,103 @@ def _keeping_raised(path_pass):
         raise
 
 
+@tvm.transform.module_pass(opt_level=0, name="korch_tvm.PlanKorch")
+class PlanKorch:
+    """Fission, candidates, costing and orchestration (`plan_korch`) through `session` (None:
+    one of its own); returns the plan's partition module: `main` calling one unscheduled
+    kernel per chosen group. The plan is kept in `last_plan`, and the `time.perf_counter()`
+    at which planning ended in `planned_at` (the rewrite's stage time starts there)."""
+
+    def __init__(self, config: KorchConfig, session: CostingSession | None = None):
+        self.config, self.session = config, session
+        self.last_plan: KorchPlan | None = None
+        self.planned_at: float | None = None
+        self.raised: BaseException | None = None
+
+    def transform_module(self, mod: tvm.IRModule, ctx) -> tvm.IRModule:
+        with _keeping_raised(self):
+            plan = self.last_plan = plan_korch(mod, self.config, session=self.session)
+            self.planned_at = time.perf_counter()
+            return build_partition_module(plan.graph, plan.chosen_groups)
+
+
 @tvm.transform.module_pass(opt_level=0, name="KorchPass")
 class KorchPass:
     """Use in place of FuseOps/FuseTIR: rebuild `main` as the optimal set of tuned kernels
-    (`plan_korch`, then `rewrite_plan`: fission, candidates, costing, orchestration, rewrite).
+    (the Korch pipeline: `PlanKorch`, `ApplyTuningLog`, `ShareIdenticalKernels`), costed
+    through `session` (None: a session of its own, whose log outlives it in `last_plan`).
 
     On the CPU the result goes straight to `tvm.compile` (its pipeline does not re-fuse); for
     CUDA build it with `korch_tvm.backend.cuda.build`, since TVM's CUDA pipeline runs FuseOps
     again. The plan and report of the last run are kept in `last_plan` and `last_report`.
     """
 
-    def __init__(self, config: KorchConfig | None = None):
-        self.config = config or KorchConfig()
+    def __init__(self, config: KorchConfig | None = None,
+                 session: CostingSession | None = None):
+        self.config, self.session = config or KorchConfig(), session
         self.last_plan: KorchPlan | None = None
         self.last_report: dict | None = None
         self.raised: BaseException | None = None
 
     def transform_module(self, mod: tvm.IRModule, ctx) -> tvm.IRModule:
-        with _keeping_raised(self):
-            self.last_plan = plan_korch(mod, self.config)
-            optimized, self.last_report = rewrite_plan(self.last_plan)
+        with _keeping_raised(self), _given_or_own(self.config, self.session) as session:
+            planning = PlanKorch(self.config, session)
+            optimized = run_pipeline(korch_pipeline(self.config, session, planning), mod,
+                                     planning)
+            self.last_plan = planning.last_plan
+            self.last_report = korch_report(self.last_plan, optimized, planning.planned_at)
         return optimized
+
+
+def _given_or_own(config: KorchConfig, session: CostingSession | None):
+    """`session` as a context (left open), or a new one on `config`'s tuning log, opened
+    outside the session so that the plan may keep using it."""
+    if session is not None:
+        return nullcontext(session)
+    return CostingSession.open(config, *open_tuning_log(config))
 
 
 @tvm.transform.module_pass(opt_level=0, name="korch_tvm.StockPass")
 class StockPass:
-    """TVM's stock path (`run_stock`): per layout, stock fusion, the kernels costed and tuned
-    through the tuning log, the log applied; the cheapest layout kept. The report of the last
-    run is kept in `last_report`."""
+    """TVM's stock fusion of the cheapest layout (`choose_stock_layout`): per layout, stock
+    fusion and the kernels costed and tuned through `session` (None: one of its own); returns
+    the fused module of the layout kept, unscheduled (`ApplyTuningLog` schedules it). What it
+    chose is kept in `last_choice` (`stock.StockChoice`: fused module, kernels, report)."""
 
-    def __init__(self, config: KorchConfig | None = None):
-        self.config = config or KorchConfig()
-        self.last_report: dict | None = None
+    def __init__(self, config: KorchConfig | None = None,
+                 session: CostingSession | None = None):
+        self.config, self.session = config or KorchConfig(), session
+        self.last_choice: StockChoice | None = None
         self.raised: BaseException | None = None
 
     def transform_module(self, mod: tvm.IRModule, ctx) -> tvm.IRModule:
         with _keeping_raised(self):
-            optimized, self.last_report = run_stock(mod, self.config)
-        return optimized
+            self.last_choice = choose_stock_layout(mod, self.config, self.session)
+        return self.last_choice.fused
 
 
 # ----------------------------------------------------------------------------- pipelines
-def stock_pipeline(config: KorchConfig, stock_pass: StockPass | None = None
-                   ) -> tvm.transform.Sequential:
-    """The baseline compile of `config`: TVM's fusion and tuning. Give `stock_pass` to read
-    its `last_report` after the run."""
-    return tvm.transform.Sequential([stock_pass or StockPass(config)],
-                                    name="korch_tvm.stock_pipeline")
+def stock_pipeline(config: KorchConfig, session: CostingSession,
+                   stock_pass: StockPass | None = None) -> tvm.transform.Sequential:
+    """The baseline compile of `config`, costed through `session`: TVM's fusion in the
+    cheapest layout, then the schedules of the session's tuning log. Give `stock_pass` (made
+    with the same session) to read its `last_choice` after the run."""
+    return tvm.transform.Sequential([
+        stock_pass or StockPass(config, session),
+        ApplyTuningLog(session.tuning_log.database, session.target),
+    ], name="korch_tvm.stock_pipeline")
 
 
-def korch_pipeline(config: KorchConfig, korch_pass: KorchPass | None = None
-                   ) -> tvm.transform.Sequential:
-    """The Korch compile of `config`: KorchPass in the place of FuseOps/FuseTIR. Give
-    `korch_pass` to read its `last_plan` and `last_report` after the run."""
-    return tvm.transform.Sequential([korch_pass or KorchPass(config)],
-                                    name="korch_tvm.korch_pipeline")
+def korch_pipeline(config: KorchConfig, session: CostingSession,
+                   planning: PlanKorch | None = None) -> tvm.transform.Sequential:
+    """The Korch compile of `config`, costed through `session`: the plan's kernels, their
+    schedules from the session's tuning log, equal kernels shared. Give `planning` (a
+    `PlanKorch` made with the same session) to read its `last_plan` after the run."""
+    return tvm.transform.Sequential([
+        planning or PlanKorch(config, session),
+        ApplyTuningLog(session.tuning_log.database, session.target),
+        ShareIdenticalKernels(),
+    ], name="korch_tvm.korch_pipeline")
 
 
 def run_pipeline(pipeline: tvm.transform.Pass, mod: tvm.IRModule, *path_passes

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from dataclasses import dataclass, replace
 
 import tvm
 from tvm import relax
@@ -54,38 +55,72 @@ def kernel_calls(mod: tvm.IRModule, func_name: str = "main") -> Counter:
     return calls
 
 
+@dataclass(frozen=True)
+class StockChoice:
+    """The stock path up to the schedules: the fused module of the cheapest layout, its kernels
+    (name -> standalone kernel module) and its report (without the schedule counts, which are
+    read off the scheduled module: `stock_report`)."""
+
+    fused: tvm.IRModule
+    kernels: dict[str, tvm.IRModule]
+    report: dict
+
+
 def run_stock(mod: tvm.IRModule, config: KorchConfig, session: CostingSession | None = None):
     """Fuse, tune (within the budget, reusing the log) and apply schedules; returns (mod, report).
 
+    `choose_stock_layout`, then the tuning log applied (`apply_tuning_log`): the steps of the
+    stock pipeline (pipeline/passes.py) as plain calls. `session`: the compile's costing
+    session (None: one opened for this call).
+    """
+    if session is None:
+        with CostingSession.open(config) as opened:
+            return run_stock(mod, config, opened)
+    choice = choose_stock_layout(mod, config, session)
+    tuned = apply_tuning_log(choice.fused, session.tuning_log.database, session.target)
+    return tuned, stock_report(choice, tuned, session.tuning_log)
+
+
+def choose_stock_layout(mod: tvm.IRModule, config: KorchConfig,
+                        session: CostingSession | None = None) -> StockChoice:
+    """Stock fusion and costing (measured, tuned within the budget) of `mod` in the layout of
+    least modelled latency; nothing is scheduled.
+
     Layouts are chosen as Korch chooses them (layout/activations.py): with "auto", a model with
-    convolutions is compiled in each layout and the one of least modelled latency is kept.
+    convolutions is fused in each layout and the one of least modelled latency is kept.
     Every layout is costed through `session` (None: one opened for this call), so they share
     its log, runner, builder pool and time budget.
     """
     if session is None:
         with CostingSession.open(config) as opened:
-            return run_stock(mod, config, opened)
+            return choose_stock_layout(mod, config, opened)
     best, results = in_best_layout(
         mod, config.layout,
-        lambda _, variant, budget: _run_stock_in_layout(variant, config, session, budget),
-        lambda result: result[1]["modelled_ms"], session.seconds_left())
-    tuned, report = results[best]
-    layouts = {layout: {"modelled_ms": report["modelled_ms"], "tuning": report["tuning"]}
-               for layout, (_, report) in results.items()}
-    return tuned, {**report, "layout": best, "layouts": layouts,
-                   "tuning": merge_summaries(entry["tuning"] for entry in layouts.values())}
+        lambda _, variant, budget: _stock_in_layout(variant, config, session, budget),
+        lambda result: result.report["modelled_ms"], session.seconds_left())
+    layouts = {layout: {"modelled_ms": result.report["modelled_ms"],
+                        "tuning": result.report["tuning"]}
+               for layout, result in results.items()}
+    chosen = results[best]
+    return replace(chosen, report={
+        **chosen.report, "layout": best, "layouts": layouts,
+        "tuning": merge_summaries(entry["tuning"] for entry in layouts.values())})
 
 
-def _run_stock_in_layout(mod: tvm.IRModule, config: KorchConfig, session: CostingSession,
-                         time_budget: float | None):
-    """`run_stock` of one layout variant, costed within `time_budget` (its part of the
-    compile's)."""
-    target = session.target
-    fused = stock_fusion(mod, target, fast_math=config.fast_math)
+def stock_report(choice: StockChoice, tuned: tvm.IRModule, tuning_log) -> dict:
+    """The stock path's report: `choice`'s, with the schedule counts of `tuned` (its fused
+    module with the schedules of `tuning_log` applied)."""
+    return {**choice.report, **schedule_counts(tuned, choice.kernels.values(), tuning_log)}
+
+
+def _stock_in_layout(mod: tvm.IRModule, config: KorchConfig, session: CostingSession,
+                     time_budget: float | None) -> StockChoice:
+    """`choose_stock_layout` of one layout variant, costed within `time_budget` (its part of
+    the compile's)."""
+    fused = stock_fusion(mod, session.target, fast_math=config.fast_math)
     calls = kernel_calls(fused)
     kernels = {name: kernel_module(fused[name]) for name in calls}
     costing = session.profile(kernels, weights=dict(calls), time_budget=time_budget)
-    tuned = apply_tuning_log(fused, costing.tuning_log.database, target)
     kinds = module_kernel_kinds(fused)
     keys = {name: structural_key(kernels[name]) for name in calls}
     # The same in-model scaling as Korch's plan (costing/in_model.py), so both modelled numbers
@@ -106,11 +141,10 @@ def _run_stock_in_layout(mod: tvm.IRModule, config: KorchConfig, session: Costin
                     for name, count in calls.items()],
         "kind_ms": kind_times(fused, kernel_ms, calls),
         "kernel_kinds": kinds,
-        **schedule_counts(tuned, kernels.values(), costing.tuning_log),
     }
     if in_model:
         report["modelled_isolated_ms"] = _total_ms(isolated_ms, calls)
-    return tuned, report
+    return StockChoice(fused, kernels, report)
 
 
 def _total_ms(kernel_ms, calls) -> float:
