@@ -12,6 +12,9 @@ from .errors import KorchError
 # faster.
 LAYOUT_CHOICES = ("auto", "NCHW", "NHWC")
 MEMORY_LIMITS = ("stock", "none")
+# Library kernels (costing/library_costs.py): "auto" offers a vendor BLAS call for every plain
+# GEMM kernel where the extension is built; "off" costs and builds TVM kernels only.
+LIBRARY_CHOICES = ("auto", "off")
 
 
 @dataclass(frozen=True)
@@ -63,6 +66,9 @@ class KorchConfig:
     # Largest accepted verification error relative to each output's scale; None: by the
     # output's dtype (verify.tolerance_for).
     verify_tolerance: float | None = None
+    # "auto": a plain GEMM kernel costs the cheaper of TVM's kernel and the BLAS call, and the
+    # Korch plan's kernels whose cost is the BLAS's run as BLAS calls; "off": TVM kernels only.
+    library: str = "auto"
 
     def __post_init__(self):
         # A frozen dataclass: the resolved target replaces the spec once, before validation.
@@ -130,6 +136,7 @@ def validate(config: KorchConfig) -> None:
         check_number("--verify-tolerance", config.verify_tolerance, minimum=0.0, finite=True)
     check_choice("--layout", config.layout, LAYOUT_CHOICES)
     check_choice("--memory-limit", config.memory_limit, MEMORY_LIMITS)
+    check_choice("--library", config.library, LIBRARY_CHOICES)
     check_count("max_kernel_size", config.max_kernel_size, minimum=1)
     check_number("solver_time_limit", config.solver_time_limit, minimum=0.0)
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
-from typing import Literal
+from dataclasses import dataclass, replace
+from typing import Literal, NamedTuple
 
 import tvm
 
@@ -19,9 +19,20 @@ CostSource = Literal["measured", "tuned", "log", "predicted", "failed"]
 Predictor = Callable[[tvm.IRModule], float]
 
 
+class LibraryTime(NamedTuple):
+    """A library implementation of a kernel (costing/library_costs.py) and its measured time."""
+
+    implementation: str  # e.g. "openblas.sgemm"
+    seconds: float
+
+
 @dataclass(frozen=True)
 class KernelCost:
-    """Latency of one kernel and where the number came from."""
+    """Latency of one kernel and where the number came from.
+
+    `implementation` names the library call the cost is the time of (None: TVM's kernel);
+    `library` is the kernel's library implementation and its time whichever won, so a later
+    TVM cost (a default-schedule record, a tuned one) is compared with it again."""
 
     seconds: float
     source: CostSource
@@ -31,6 +42,22 @@ class KernelCost:
     # it was the faster and went into the log, "slower" when not; None when there was none.
     seed_schedule: Literal["kept", "slower"] | None = None
     rechecked: bool = False  # an implausible logged time was measured again (costing/headroom.py)
+    implementation: str | None = None
+    library: LibraryTime | None = None
+
+
+def cheaper_of(cost: KernelCost, library: LibraryTime | None) -> KernelCost:
+    """`cost` (TVM's) or the library's time, whichever is lower, remembering the library.
+
+    A failed TVM kernel takes the library's time; a predicted one only when the library is
+    faster than the prediction (the library's time is measured, so the cost is then too)."""
+    if library is None or cost.implementation is not None:  # already the cheaper of the two
+        return cost
+    if cost.source == "failed" or library.seconds < cost.seconds:
+        source = "measured" if cost.source in ("predicted", "failed") else cost.source
+        return replace(cost, seconds=library.seconds, source=source, error=None,
+                       implementation=library.implementation, library=library)
+    return replace(cost, library=library)
 
 
 def default_schedule_costs(kernels: Mapping[str, tvm.IRModule], costs: Mapping[str, KernelCost],
@@ -45,7 +72,9 @@ def default_schedule_costs(kernels: Mapping[str, tvm.IRModule], costs: Mapping[s
         # a failed kernel keeps its prediction: its logged default run is the failure itself
         looked_up = cost.source not in ("predicted", "failed")
         default = tuning_log.default_seconds(kernels[name]) if looked_up else None
-        result[name] = cost if default is None else KernelCost(default, "measured", 0, cost.error)
+        if default is not None:
+            cost = cheaper_of(KernelCost(default, "measured", 0, cost.error), cost.library)
+        result[name] = cost
     return result
 
 
@@ -73,4 +102,6 @@ def summarize(costs: Iterable[KernelCost]) -> dict:
         "seed_schedules_measured": sum(cost.seed_schedule is not None for cost in costs),
         "seed_schedules_kept": sum(cost.seed_schedule == "kept" for cost in costs),
         "rechecked": sum(cost.rechecked for cost in costs),
+        # costs that are a library implementation's time (costing/library_costs.py)
+        "library": sum(cost.implementation is not None for cost in costs),
     }

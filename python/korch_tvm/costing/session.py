@@ -9,6 +9,7 @@ once), one time budget, and a scratch folder for the builders' artifacts, remove
 
 from __future__ import annotations
 
+import logging
 import math
 import shutil
 import tempfile
@@ -19,19 +20,21 @@ from dataclasses import dataclass
 
 import tvm
 
-from ..backend.cuda import device_present
+from ..backend.cuda import device_present, is_cuda
 from ..backend.target import host_core_count
 from ..config import KorchConfig
 from ..kernels.fused import structural_key
 from ..layout.activations import layout_trial_share
 from .cost_model import default_predictor
 from .kernel_costs import KernelCost, Predictor, summarize
+from .library_costs import LibraryCosts
 from .log_seeds import Seed, seed_log
 from .measure import measure_kernels, profile_kernels, trial_allocation, tune_kernels
 from .pooled_builder import PooledBuilder
 from .runners import configured_runner, local_runner
 from .tuning_log import TuningLog
 
+logger = logging.getLogger("korch_tvm.costing")
 
 @dataclass(frozen=True)
 class Costing:
@@ -69,6 +72,7 @@ class CostingSession:
         self.deadline = math.inf if budget is None else time.perf_counter() + max(0.0, budget)
         self._runner, self._runner_made, self._builder = None, False, None
         self._predictor: Predictor | None = None
+        self._library, self._library_made = None, False
 
     @classmethod
     @contextmanager
@@ -119,6 +123,36 @@ class CostingSession:
             self._builder = PooledBuilder(self.target, host_core_count(), scratch=self.scratch)
         return self._builder
 
+    def library(self) -> LibraryCosts | None:
+        """The library implementations' costs (costing/library_costs.py), made on first use;
+        None with `config.library == "off"`, or where the BLAS extension is not built (one
+        info line: every cost is then TVM's, as before)."""
+        if not self._library_made:
+            self._library_made = True
+            if self.config.library == "auto":
+                from ..library import load_blas_extension, load_cublas_extension
+
+                cuda = is_cuda(self.target)
+                if (load_cublas_extension if cuda else load_blas_extension)():
+                    self._library = LibraryCosts(self.tuning_log.directory,
+                                                 "cuda" if cuda else "cpu")
+                else:
+                    logger.info("--library auto: no library kernels (the extension is not "
+                                "built), so every kernel is TVM's")
+        return self._library
+
+    def with_library(self, kernels: Mapping[str, tvm.IRModule],
+                     costs: Mapping[str, KernelCost]) -> dict[str, KernelCost]:
+        """`costs` with each kernel that has a library implementation at the cheaper of the
+        two (unchanged without a library); library times are measured once, then read."""
+        library = self.library()
+        return dict(costs) if library is None else library.cheaper(kernels, costs)
+
+    def has_library(self, kernel_mod: tvm.IRModule) -> bool:
+        """Whether `kernel_mod` has a library implementation in this session."""
+        library = self.library()
+        return library is not None and library.implementation(kernel_mod) is not None
+
     def predict(self, kernel_mod: tvm.IRModule) -> float:
         """The log's cost model's seconds for `kernel_mod` (else the analytic estimate): loaded
         once per session, on the first prediction asked, and never retrained during it."""
@@ -129,20 +163,23 @@ class CostingSession:
     def measure(self, kernels: Mapping[str, tvm.IRModule], predictor: Predictor | None = None,
                 time_budget: float | None = None) -> dict[str, KernelCost]:
         """Every kernel's best known cost: from the log, one default measurement (and the
-        seed's schedule), or a prediction by `predictor` (None: the session's `predict`).
+        seed's schedule), or a prediction by `predictor` (None: the session's `predict`);
+        the cheaper of that and its library implementation's time where it has one.
         `time_budget` bounds this call within what is left of the session's."""
         runner = self.runner()
-        return measure_kernels(kernels, self.target, self.tuning_log,
-                               time_budget=self.seconds_left(time_budget), runner=runner,
-                               builder=None if runner is None else self.builder(),
-                               predictor=predictor or self.predict,
-                               progress=self.config.progress, seed_log=self.seed)
+        costs = measure_kernels(kernels, self.target, self.tuning_log,
+                                time_budget=self.seconds_left(time_budget), runner=runner,
+                                builder=None if runner is None else self.builder(),
+                                predictor=predictor or self.predict,
+                                progress=self.config.progress, seed_log=self.seed)
+        return self.with_library(kernels, costs)
 
     def tune(self, kernels: Mapping[str, tvm.IRModule], shares: Mapping[str, float],
              costs: Mapping[str, KernelCost], time_budget: float | None = None
              ) -> dict[str, KernelCost]:
         """Spend the compile's trial budget on `kernels` by their latency `shares`; returns
-        `costs` with the tuned kernels' costs updated. `time_budget` as in `measure`."""
+        `costs` with the tuned kernels' costs updated (a tuned kernel still the cheaper of
+        it and its library implementation). `time_budget` as in `measure`."""
         tunable = sum(1 for share in shares.values() if math.isfinite(share) and share > 0)
         allocation = trial_allocation(kernels, shares, self.config.trial_budget(tunable),
                                       self.tuning_log)
@@ -150,7 +187,7 @@ class CostingSession:
                              time_budget=self.seconds_left(time_budget), runner=self.runner(),
                              progress=self.config.progress, seed=self.config.seed,
                              scratch=self.scratch)
-        return {**costs, **tuned}
+        return {**costs, **self.with_library(kernels, tuned)}
 
     def profile(self, kernels: Mapping[str, tvm.IRModule],
                 weights: Mapping[str, float] | None = None,

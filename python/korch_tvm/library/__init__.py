@@ -9,14 +9,15 @@ without it `implementations_for` returns nothing and the rest of korch_tvm is un
 """
 
 from .compile_extension import LibraryBuildError, build_blas_extension, library_dir
-from .export import export_library, library_calls
-from .extension import load_blas_extension, set_blas_threads
+from .export import LibraryExecutable, export_library, library_calls, self_contained
+from .extension import load_blas_extension, load_cublas_extension, set_blas_threads
 from .gemm_match import GemmSpec, match_gemm
 from .implementations import Implementation, implementations_for, time_gemm
 from .use_library_gemm import UseLibraryGemm
 
 __all__ = [
-    "GemmSpec", "Implementation", "LibraryBuildError", "UseLibraryGemm", "build_blas_extension",
-    "export_library", "implementations_for", "library_calls", "library_dir",
-    "load_blas_extension", "match_gemm", "set_blas_threads", "time_gemm",
+    "GemmSpec", "Implementation", "LibraryBuildError", "LibraryExecutable", "UseLibraryGemm",
+    "build_blas_extension", "export_library", "implementations_for", "library_calls",
+    "library_dir", "load_blas_extension", "load_cublas_extension", "match_gemm",
+    "self_contained", "set_blas_threads", "time_gemm",
 ]

@@ -39,5 +39,32 @@ def export_library(executable, path: str | Path, directory: Path | None = None,
     """executable.export_library(path) with the BLAS (or, with cuda, the cuBLAS) extension
     linked in."""
     files, options = cublas_link_inputs(directory) if cuda else link_inputs(directory)
-    executable.export_library(str(path), addons=files, options=options)
+    relax.VMExecutable.export_library(executable, str(path), addons=files, options=options)
     return Path(path)
+
+
+class LibraryExecutable(relax.VMExecutable):
+    """A VMExecutable whose own `export_library` links the extension its code calls, so a user
+    who exports it the usual way gets a library that runs in a fresh process with TVM alone."""
+
+    def __init__(self, mod: tvm.runtime.Module, cuda: bool = False):
+        super().__init__(mod)
+        self.cuda = cuda
+
+    def export_library(self, file_name, *, fcompile=None, addons=None, workspace_dir=None,
+                       **kwargs):
+        files, options = cublas_link_inputs() if self.cuda else link_inputs()
+        kwargs["options"] = list(kwargs.get("options") or []) + options
+        return super().export_library(file_name, fcompile=fcompile,
+                                      addons=list(addons or []) + files,
+                                      workspace_dir=workspace_dir, **kwargs)
+
+
+def self_contained(executable, mod: tvm.IRModule):
+    """`executable` (built from `mod`) as a `LibraryExecutable` when mod calls the extension,
+    else as it is."""
+    calls = library_calls(mod)
+    if not calls:
+        return executable
+    return LibraryExecutable(executable.mod, cuda=any(name.startswith(CUBLAS_PREFIX)
+                                                      for name in calls))

@@ -38,9 +38,11 @@ class Implementation:
                 relax.prim_value(int(spec.transpose_a)), relax.prim_value(int(spec.transpose_b))]
         return relax.op.call_dps_packed(self.function, relax.Tuple(args), out_ty)
 
-    def measure(self, repeats: int = 7, min_repeat_seconds: float = 2e-3) -> float:
-        """Median seconds per call on this machine, the packed function timed directly."""
-        return time_gemm(self.function, self.spec, repeats, min_repeat_seconds)
+    def measure(self, repeats: int = 7, min_repeat_seconds: float = 2e-3,
+                cold: bool = False) -> float:
+        """Median seconds per call on this machine, the packed function timed directly
+        (`cold`: each call timed alone after its operands were flushed from the CPU caches)."""
+        return time_gemm(self.function, self.spec, repeats, min_repeat_seconds, cold=cold)
 
 
 def implementations_for(kernel_mod: tvm.IRModule, device: str = "cpu") -> list[Implementation]:
@@ -59,9 +61,11 @@ def implementations_for(kernel_mod: tvm.IRModule, device: str = "cpu") -> list[I
 
 
 def time_gemm(function_name: str, spec: GemmSpec, repeats: int = 7,
-              min_repeat_seconds: float = 2e-3) -> float:
+              min_repeat_seconds: float = 2e-3, cold: bool = False) -> float:
     """Median seconds of one call over `repeats` timed runs, each of enough calls to last
     about min_repeat_seconds (the FFI call's microsecond overhead is included, as in the VM).
+    With `cold` (CPU only) each run is one call after TVM's runner flush of its operands from
+    the caches, as TVM kernels are measured: inside a model the previous kernel evicted them.
     cuBLAS calls run on CUDA device 0 and are timed up to a device synchronisation."""
     assert function_name.startswith((BLAS_PREFIX, CUBLAS_PREFIX)), \
         f"not a library call: {function_name}"
@@ -82,5 +86,13 @@ def time_gemm(function_name: str, spec: GemmSpec, repeats: int = 7,
         return (time.perf_counter() - start) / number
 
     once = max(run(1), 1e-7)                        # warm-up; also sizes the inner loop
+    if cold and not function_name.startswith(CUBLAS_PREFIX):
+        flush = tvm.get_global_func("cache_flush_cpu_non_first_arg")
+
+        def run_cold() -> float:
+            flush(0, a, b, c)
+            return run(1)
+
+        return statistics.median(run_cold() for _ in range(max(1, repeats)))
     number = max(1, min(1000, int(min_repeat_seconds / once)))
     return statistics.median(run(number) for _ in range(max(1, repeats)))

@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass, field
 
-from ..config import LAYOUT_CHOICES, MEMORY_LIMITS
+from ..config import LAYOUT_CHOICES, LIBRARY_CHOICES, MEMORY_LIMITS
 from .common import shape_arg
 
 
@@ -51,6 +51,12 @@ _MEMORY_LIMIT_HELP = (
     "'stock' (default): Korch's plan needs no more activation storage than TVM's own fusion "
     "groups (within 1%%): pieces of the graph go back to those groups until it fits; 'none': "
     "the fastest modelled plan whatever its storage")
+_LIBRARY_HELP = (
+    "'auto' (default): a kernel that is a plain float32 GEMM or batched GEMM (a matmul, "
+    "attention's QK^T and PV, a 1x1 NHWC convolution) costs the cheaper of TVM's kernel and an "
+    "OpenBLAS call (timed once, kept in library_times.json beside the tuning log), and Korch's "
+    "plan runs the cheaper; needs the extension `make install` builds (without it: TVM "
+    "kernels only). 'off': TVM kernels only")
 
 FLAGS: dict[str, Flag] = {flag.name: flag for flag in (
     Flag(("--target",), dict(
@@ -94,6 +100,8 @@ FLAGS: dict[str, Flag] = {flag.name: flag for flag in (
          "layout"),
     Flag(("--memory-limit",), dict(choices=MEMORY_LIMITS, default="stock",
                                    help=_MEMORY_LIMIT_HELP), "memory_limit"),
+    Flag(("--library",), dict(choices=LIBRARY_CHOICES, default="auto", help=_LIBRARY_HELP),
+         "library"),
     Flag(("--prune-margin",), dict(
         type=float, default=None,
         help="Korch's pruning margin (default: KorchConfig's; 'inf' costs every candidate)"),

@@ -1,0 +1,147 @@
+"""Library implementations as costs: a GEMM kernel costs the cheaper of TVM's and the BLAS's time.
+
+A kernel that `library.implementations_for` can compute with a vendor call (an OpenBLAS GEMM or
+batched GEMM) is timed once in that form, and its cost becomes the lower of the two
+(`kernel_costs.cheaper_of`), so the solver weighs "library GEMM plus a separate epilogue
+kernel" against "TVM kernel with the epilogue fused". Library times are measured once per
+implementation and GEMM shape and kept in `library_times.json` beside the tuning log, so a
+second compile measures nothing and chooses the same plan. The file is data from outside:
+every entry is checked on reading (a known implementation, a well-formed shape, a finite
+positive time) and one that is not is refused with a warning and measured again.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import re
+from collections.abc import Mapping
+
+import tvm
+
+from ..errors import KorchError
+from ..kernels.fused import structural_key
+from ..library import Implementation, implementations_for
+from ..support.safe_io import write_text_atomically
+from .kernel_costs import KernelCost, LibraryTime, cheaper_of
+
+logger = logging.getLogger("korch_tvm.library_costs")
+
+LIBRARY_TIMES_FILE = "library_times.json"
+FORMAT_VERSION = 1
+KNOWN_IMPLEMENTATIONS = ("openblas.sgemm", "openblas.sbgemm", "cublas.sgemm", "cublas.sbgemm")
+# A GEMM call: implementation, then every GemmSpec field its time depends on.
+_ENTRY = re.compile(r"(?P<name>[a-z]+\.[a-z]+) batch=\d{1,10} m=\d{1,10} n=\d{1,10} "
+                    r"k=\d{1,10} ta=[01] tb=[01] ab=[01] bb=[01]")
+_MAX_SECONDS = 3600.0
+
+
+def entry_key(implementation: Implementation) -> str:
+    """The file's key of one library call: its name and the shape of its GEMM."""
+    spec = implementation.spec
+    return (f"{implementation.name} batch={spec.batch} m={spec.m} n={spec.n} k={spec.k} "
+            f"ta={int(spec.transpose_a)} tb={int(spec.transpose_b)} "
+            f"ab={int(spec.a_batched)} bb={int(spec.b_batched)}")
+
+
+def entry_problem(key, seconds) -> str | None:
+    """Why a file entry cannot be used (None: it can)."""
+    match = _ENTRY.fullmatch(key) if isinstance(key, str) else None
+    if match is None:
+        return "not a library call of a known form"
+    if match["name"] not in KNOWN_IMPLEMENTATIONS:
+        return f"unknown implementation {match['name']!r}"
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)):
+        return f"time {seconds!r} is not a number"
+    if not (math.isfinite(seconds) and 0 < seconds <= _MAX_SECONDS):
+        return f"time {seconds!r} is not a finite positive number of seconds"
+    return None
+
+
+def read_library_times(path: str) -> dict[str, float]:
+    """The valid entries of the file at `path` ({} when it is absent or unreadable as a whole);
+    each refused entry, or a refused file, is one warning line."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            content = json.load(handle)
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError) as err:
+        logger.warning("library times %s are unreadable (%s); measuring them again", path,
+                       str(err).splitlines()[0] if str(err) else type(err).__name__)
+        return {}
+    if not (isinstance(content, dict) and content.get("format") == FORMAT_VERSION
+            and isinstance(content.get("seconds"), dict)):
+        logger.warning("library times %s are not a format-%d library times file; measuring "
+                       "them again", path, FORMAT_VERSION)
+        return {}
+    times = {}
+    for key, seconds in content["seconds"].items():
+        problem = entry_problem(key, seconds)
+        if problem is None:
+            times[key] = float(seconds)
+        else:
+            logger.warning("library times %s: entry %.80r refused (%s); measuring it again",
+                           path, key, problem)
+    return times
+
+
+class LibraryTimes:
+    """Library call times kept in `directory/library_times.json`, measured where missing."""
+
+    def __init__(self, directory: str) -> None:
+        self.path = os.path.join(directory, LIBRARY_TIMES_FILE)
+        self._times = read_library_times(self.path)
+        self.measured = 0  # calls this object timed (a warm second compile times none)
+
+    def seconds(self, implementation: Implementation) -> float:
+        key = entry_key(implementation)
+        if key not in self._times:
+            seconds = implementation.measure(cold=implementation.name.startswith("openblas"))
+            assert entry_problem(key, seconds) is None, f"{key}: measured {seconds!r}"
+            self._times[key] = seconds
+            self.measured += 1
+            self._save(key, seconds)
+        return self._times[key]
+
+    def _save(self, key: str, seconds: float) -> None:
+        """The whole file rewritten with this entry added (another compile may have added
+        others since it was read); a log that cannot be written keeps them in memory."""
+        merged = {**read_library_times(self.path), key: seconds}
+        text = json.dumps({"format": FORMAT_VERSION, "seconds": dict(sorted(merged.items()))},
+                          indent=1)
+        try:
+            write_text_atomically(self.path, text + "\n")
+        except KorchError as err:
+            logger.warning("library times not kept: %s", err)
+
+
+class LibraryCosts:
+    """The library side of one costing session: which kernels have a library implementation
+    (`device` "cpu": OpenBLAS, "cuda": cuBLAS), their times, and costs made the cheaper."""
+
+    def __init__(self, directory: str, device: str = "cpu") -> None:
+        self.device = device
+        self.times = LibraryTimes(directory)
+        self._implementations: dict[str, Implementation | None] = {}
+
+    def implementation(self, kernel_mod: tvm.IRModule) -> Implementation | None:
+        key = structural_key(kernel_mod)
+        if key not in self._implementations:
+            found = implementations_for(kernel_mod, self.device)
+            self._implementations[key] = found[0] if found else None
+        return self._implementations[key]
+
+    def library_time(self, kernel_mod: tvm.IRModule) -> LibraryTime | None:
+        implementation = self.implementation(kernel_mod)
+        if implementation is None:
+            return None
+        return LibraryTime(implementation.name, self.times.seconds(implementation))
+
+    def cheaper(self, kernels: Mapping[str, tvm.IRModule], costs: Mapping[str, KernelCost]
+                ) -> dict[str, KernelCost]:
+        """`costs` with each kernel's cost the lower of TVM's and its library implementation's."""
+        return {name: cheaper_of(cost, self.library_time(kernels[name]))
+                if name in kernels else cost for name, cost in costs.items()}

@@ -1,0 +1,143 @@
+"""Library times: the cheaper of TVM and the BLAS, measured once, the file checked on reading."""
+
+import json
+import logging
+import math
+
+import pytest
+
+from korch_tvm.costing.kernel_costs import (KernelCost, LibraryTime, cheaper_of,
+                                            default_schedule_costs, summarize)
+from korch_tvm.costing.library_costs import (LIBRARY_TIMES_FILE, LibraryTimes, entry_key,
+                                             read_library_times)
+from korch_tvm.library import GemmSpec
+
+SPEC = GemmSpec(batch_shape=(12,), m=197, n=197, k=64, transpose_a=False, transpose_b=True,
+                a_batched=True, b_batched=True, a_input=0, b_input=1)
+KEY = "openblas.sbgemm batch=12 m=197 n=197 k=64 ta=0 tb=1 ab=1 bb=1"
+
+
+class TimedCall:
+    """Stands in for a library Implementation: a fixed time, and how often it was measured."""
+
+    def __init__(self, seconds=1e-3, name="openblas.sbgemm", spec=SPEC):
+        self.name, self.spec, self.seconds, self.calls = name, spec, seconds, []
+
+    def measure(self, cold=False):
+        self.calls.append(cold)
+        return self.seconds
+
+
+def test_entry_key_names_the_call_and_every_shape_field():
+    assert entry_key(TimedCall()) == KEY
+
+
+def test_times_are_measured_once_and_read_back_by_a_second_compile(tmp_path):
+    call = TimedCall(2.5e-4)
+    first = LibraryTimes(str(tmp_path))
+    assert first.seconds(call) == 2.5e-4 and first.seconds(call) == 2.5e-4
+    assert call.calls == [True] and first.measured == 1  # cold, like TVM kernels
+    saved = json.loads((tmp_path / LIBRARY_TIMES_FILE).read_text())
+    assert saved == {"format": 1, "seconds": {KEY: 2.5e-4}}
+    second, again = LibraryTimes(str(tmp_path)), TimedCall(9.0)
+    assert second.seconds(again) == 2.5e-4
+    assert again.calls == [] and second.measured == 0
+
+
+@pytest.mark.parametrize("text", ["{not json", '["a list"]', '{"format": 7, "seconds": {}}',
+                                  ""])
+def test_a_corrupt_file_is_refused_in_one_line_and_measured_again(tmp_path, caplog, text):
+    (tmp_path / LIBRARY_TIMES_FILE).write_text(text)
+    with caplog.at_level(logging.WARNING, logger="korch_tvm.library_costs"):
+        times = LibraryTimes(str(tmp_path))
+    assert len(caplog.records) == 1 and "\n" not in caplog.records[0].getMessage()
+    assert "measuring them again" in caplog.records[0].getMessage()
+    call = TimedCall(3e-4)
+    assert times.seconds(call) == 3e-4 and call.calls == [True]
+    assert read_library_times(str(tmp_path / LIBRARY_TIMES_FILE)) == {KEY: 3e-4}
+
+
+@pytest.mark.parametrize("key, seconds, reason", [
+    (KEY, -1e-3, "not a finite positive"),
+    (KEY, 0.0, "not a finite positive"),
+    (KEY, float("nan"), "not a finite positive"),
+    (KEY, float("inf"), "not a finite positive"),
+    (KEY, "1e-3", "is not a number"),
+    (KEY, True, "is not a number"),
+    (KEY.replace("openblas", "mkl"), 1e-3, "unknown implementation 'mkl.sbgemm'"),
+    (KEY + "; rm -rf /", 1e-3, "not a library call"),
+])
+def test_a_bad_entry_is_refused_and_measured_again(tmp_path, caplog, key, seconds, reason):
+    good = "openblas.sgemm batch=1 m=8 n=8 k=8 ta=0 tb=0 ab=0 bb=0"
+    (tmp_path / LIBRARY_TIMES_FILE).write_text(json.dumps(
+        {"format": 1, "seconds": {key: seconds, good: 1e-5}}))
+    with caplog.at_level(logging.WARNING, logger="korch_tvm.library_costs"):
+        times = LibraryTimes(str(tmp_path))
+    messages = [record.getMessage() for record in caplog.records]
+    assert len(messages) == 1 and reason in messages[0] and "refused" in messages[0]
+    call = TimedCall(4e-4, name=key.split()[0] if key.startswith("openblas") else
+                     "openblas.sbgemm")
+    assert times.seconds(call) == 4e-4 and call.calls == [True]  # never the file's number
+    assert read_library_times(str(tmp_path / LIBRARY_TIMES_FILE)) == {KEY: 4e-4, good: 1e-5}
+
+
+def test_cheaper_of_takes_the_lower_and_remembers_the_library():
+    library = LibraryTime("openblas.sgemm", 1e-3)
+    slow = cheaper_of(KernelCost(5e-3, "measured", 1), library)
+    assert (slow.seconds, slow.source, slow.implementation) == (1e-3, "measured",
+                                                                "openblas.sgemm")
+    fast = cheaper_of(KernelCost(5e-4, "tuned", 32), library)
+    assert (fast.seconds, fast.implementation, fast.library) == (5e-4, None, library)
+    failed = cheaper_of(KernelCost(math.inf, "failed", 1, "crashed"), library)
+    assert (failed.seconds, failed.source, failed.error) == (1e-3, "measured", None)
+    predicted_faster = cheaper_of(KernelCost(2e-4, "predicted", 0), library)
+    assert predicted_faster.implementation is None and predicted_faster.source == "predicted"
+    assert cheaper_of(slow, library) == slow and cheaper_of(slow, None) == slow
+    assert summarize([slow, fast, failed])["library"] == 2
+
+
+def test_default_schedule_costs_stay_the_cheaper_of_the_default_and_the_library():
+    class Log:
+        def default_seconds(self, module):
+            return 4e-3
+
+    library = LibraryTime("openblas.sgemm", 1e-3)
+    tuned_past_library = KernelCost(5e-4, "tuned", 64, library=library)
+    costs = default_schedule_costs({"k": object()}, {"k": tuned_past_library}, Log())
+    assert (costs["k"].seconds, costs["k"].implementation) == (1e-3, "openblas.sgemm")
+
+
+def test_library_off_leaves_costs_alone(tmp_path):
+    from korch_tvm.config import KorchConfig
+    from korch_tvm.costing.session import CostingSession
+    from korch_tvm.costing.tuning_log import TuningLog
+
+    config = KorchConfig(library="off", tuning_logs=str(tmp_path))
+    session = CostingSession(config, TuningLog(str(tmp_path), config.target), None,
+                             str(tmp_path))
+    costs = {"k": KernelCost(5e-3, "measured", 1)}
+    assert session.library() is None
+    assert session.with_library({"k": object()}, costs) == costs
+    assert not (tmp_path / config.target.kind.name).exists() or not list(
+        tmp_path.rglob(LIBRARY_TIMES_FILE))
+
+
+def test_a_gemm_kernel_costs_the_blas_time_when_it_is_lower(tmp_path, blas_extension):
+    import tvm
+    from tvm import te
+
+    from korch_tvm.costing.library_costs import LibraryCosts
+
+    a, b = te.placeholder((64, 48), name="a"), te.placeholder((48, 32), name="b")
+    k = te.reduce_axis((0, 48), "k")
+    c = te.compute((64, 32), lambda i, j: te.sum(a[i, k] * b[k, j], axis=k), name="c")
+    gemm = tvm.IRModule({"main": te.create_prim_func([a, b, c])})
+    library = LibraryCosts(str(tmp_path))
+    costs = library.cheaper({"gemm": gemm}, {"gemm": KernelCost(10.0, "measured", 1),
+                                             "other": KernelCost(1.0, "measured", 1)})
+    assert costs["gemm"].implementation == "openblas.sgemm"
+    assert 0 < costs["gemm"].seconds < 10.0 and costs["other"].implementation is None
+    assert library.times.measured == 1
+    again = LibraryCosts(str(tmp_path)).cheaper({"gemm": gemm}, {"gemm": KernelCost(
+        10.0, "measured", 1)})
+    assert again["gemm"].seconds == costs["gemm"].seconds
