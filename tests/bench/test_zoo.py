@@ -106,7 +106,7 @@ def test_aggregate_has_a_row_for_every_model_and_geomeans_only_what_ran(tmp_path
     assert status["resnet50"] == "not run"
     assert summary["geomean"]["korch_vs_stock"] == pytest.approx((2.0 * 4.0) ** 0.5)
     assert summary["geomean"]["korch_vs_ort"] == pytest.approx((0.5 * 2.0) ** 0.5)
-    assert summary["geomean"]["modelled_over_measured"] == pytest.approx(0.75)  # inf left out
+    assert summary["modelled_within_20_percent"] == 0  # 0.75x and an infinite plan
     assert summary["counts"]["ok"] == 2 and summary["counts"]["failed"] == 1
     table = (tmp_path / "zoo-0.md").read_text()
     assert "| bert_2layer | BERT-style encoder | failed |" in table
@@ -114,6 +114,7 @@ def test_aggregate_has_a_row_for_every_model_and_geomeans_only_what_ran(tmp_path
     assert "RuntimeError: no export" in table
     assert "| resnet18 | classic CNN | ok | 30 / 30 (warm 30 / 30) | 4.00 | 2.00 | 1.00 |" in table
     assert "| 1.50 (0.75×) |" in table and "| inf (a cost was never measured) |" in table
+    assert "within 20 % of its measured on 0 of 2" in table
     assert "load 3-4" in table and "shared 2-core machine" in table
     rows = [line for line in table.splitlines() if line.startswith("| ")][1:]
     assert len(rows) == len(registry.ZOO)
