@@ -167,6 +167,12 @@ def rewrite_plan(plan: KorchPlan):
     return optimized, korch_report(plan, optimized, rewrite_started)
 
 
+def partition_module(plan: KorchPlan) -> tvm.IRModule:
+    """`plan`'s chosen kernels as `main`, one unscheduled PrimFunc per chosen group: what the
+    Korch pipeline's planning pass returns, for the tuning log to schedule."""
+    return build_partition_module(plan.graph, plan.chosen_groups)
+
+
 def korch_report(plan: KorchPlan, optimized: tvm.IRModule, rewrite_started: float) -> dict:
     """The Korch path's report: `plan`'s, with the schedule counts of `optimized` (the plan
     rewritten, its schedules applied) and the seconds since `rewrite_started` (the
@@ -183,7 +189,7 @@ def korch_report(plan: KorchPlan, optimized: tvm.IRModule, rewrite_started: floa
                                              for kernel in report["plan"]["kernels"])
     # kinds are read from the kernels as written: scheduling (inlined padding, dropped unit
     # loops) hides the convolution windows they are told apart by
-    unscheduled = build_partition_module(plan.graph, plan.chosen_groups)
+    unscheduled = partition_module(plan)
     report["kind_ms"] = plan_kind_times(unscheduled, report["plan"])  # conv 1x1 / matmul / ...
     report["kernel_kinds"] = module_kernel_kinds(unscheduled)
     return report

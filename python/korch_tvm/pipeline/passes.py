@@ -24,12 +24,11 @@ import tvm
 from ..backend.rewrite import apply_tuning_log, share_identical_kernels
 from ..config import KorchConfig
 from ..costing.session import CostingSession, open_tuning_log
-from ..kernels.fused import build_partition_module
 from ..kernels.weight_packing import mark_layout_free_weights
 from ..layout.activations import convert_layout
 from ..lowering.constant_folding import fold_constants
 from ..lowering.fission import lower_to_primitives
-from .korch import korch_report, plan_korch
+from .korch import korch_report, partition_module, plan_korch
 from .layout_plan import KorchPlan
 from .stock import StockChoice, choose_stock_layout, stock_fusion
 
@@ -142,9 +141,9 @@ class PlanKorch:
 
     def transform_module(self, mod: tvm.IRModule, ctx) -> tvm.IRModule:
         with _keeping_raised(self):
-            plan = self.last_plan = plan_korch(mod, self.config, session=self.session)
+            self.last_plan = plan_korch(mod, self.config, session=self.session)
             self.planned_at = time.perf_counter()
-            return build_partition_module(plan.graph, plan.chosen_groups)
+            return partition_module(self.last_plan)
 
 
 @tvm.transform.module_pass(opt_level=0, name="KorchPass")
