@@ -4,16 +4,19 @@ The kernels of the rebuilt `main` must be structurally the standalone kernels th
 or the tuning log would not find them; so every fused PrimFunc is put in the canonical form
 kernels/fused.py keys the log by before the log is applied. Nothing after this may re-fuse: the
 module is built by `cuda_build.build`, which runs TVM's CPU pipeline (it does not fuse) or its
-CUDA pipeline without FuseOps/FuseTIR (the stock CUDA pipeline would re-fuse).
+CUDA pipeline without FuseOps/FuseTIR (the stock CUDA pipeline would re-fuse). Kernels the
+plan gives to a library (their cost is a library call's) are replaced by that call first, while
+they are still the unscheduled kernels the call is matched on.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 
 import tvm
 from tvm import relax
 
+from ..graph.primitive_graph import KERNEL_PREFIX
 from ..kernels.fused import (build_partition_module, canonical_prim_func, is_scheduled,
                              structurally_equal_groups)
 from ..kernels.weight_packing import (mark_layout_free_weights, pack_constant_weights,
@@ -45,11 +48,31 @@ def apply_tuning_log(mod: tvm.IRModule, database, target, *, pack_weights: bool 
     return pack_constant_weights(tuned) if pack_weights else tuned
 
 
-def rewrite_with_plan(graph, chosen_groups: Sequence[Iterable[int]], database, target
-                      ) -> tvm.IRModule:
-    """`main` rebuilt from the chosen node groups (in execution order), with schedules applied."""
-    return share_identical_kernels(
-        apply_tuning_log(build_partition_module(graph, chosen_groups), database, target))
+def rewrite_with_plan(graph, chosen_groups: Sequence[Iterable[int]], database, target,
+                      library_kernels: Collection[str] = ()) -> tvm.IRModule:
+    """`main` rebuilt from the chosen node groups (in execution order), the kernels named in
+    `library_kernels` (see `library_kernel_names`) as library calls, schedules applied."""
+    partition = use_library_kernels(build_partition_module(graph, chosen_groups),
+                                    library_kernels)
+    return share_identical_kernels(apply_tuning_log(partition, database, target))
+
+
+def library_kernel_names(chosen_keys: Sequence[str | None], costs: Mapping) -> list[str]:
+    """Names, in the partition module of a plan, of its kernels whose cost is a library
+    implementation's (`KernelCost.implementation`): the plan's g-th chosen group is the
+    PrimFunc `korch_k<g>` (kernels/partition.py); `chosen_keys` are their kernel keys."""
+    return [f"{KERNEL_PREFIX}{g}" for g, key in enumerate(chosen_keys)
+            if key is not None and getattr(costs.get(key), "implementation", None)]
+
+
+def use_library_kernels(partition: tvm.IRModule, names: Collection[str]) -> tvm.IRModule:
+    """`partition` (unscheduled kernels, before the tuning log is applied) with the kernels
+    `names` replaced by their library calls; a named kernel without one is an error."""
+    if not names:
+        return partition
+    from ..library import UseLibraryGemm
+
+    return UseLibraryGemm(kernels=names)(partition)
 
 
 def share_identical_kernels(mod: tvm.IRModule) -> tvm.IRModule:

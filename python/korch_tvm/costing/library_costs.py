@@ -60,22 +60,23 @@ def entry_problem(key, seconds) -> str | None:
     return None
 
 
-def read_library_times(path: str) -> dict[str, float]:
+def read_library_times(path: str, warn: bool = True) -> dict[str, float]:
     """The valid entries of the file at `path` ({} when it is absent or unreadable as a whole);
-    each refused entry, or a refused file, is one warning line."""
+    each refused entry, or a refused file, is one warning line (with `warn`)."""
+    report = logger.warning if warn else logger.debug
     try:
         with open(path, encoding="utf-8") as handle:
             content = json.load(handle)
     except FileNotFoundError:
         return {}
     except (OSError, ValueError) as err:
-        logger.warning("library times %s are unreadable (%s); measuring them again", path,
-                       str(err).splitlines()[0] if str(err) else type(err).__name__)
+        report("library times %s are unreadable (%s); measuring them again", path,
+               str(err).splitlines()[0] if str(err) else type(err).__name__)
         return {}
     if not (isinstance(content, dict) and content.get("format") == FORMAT_VERSION
             and isinstance(content.get("seconds"), dict)):
-        logger.warning("library times %s are not a format-%d library times file; measuring "
-                       "them again", path, FORMAT_VERSION)
+        report("library times %s are not a format-%d library times file; measuring them "
+               "again", path, FORMAT_VERSION)
         return {}
     times = {}
     for key, seconds in content["seconds"].items():
@@ -83,8 +84,8 @@ def read_library_times(path: str) -> dict[str, float]:
         if problem is None:
             times[key] = float(seconds)
         else:
-            logger.warning("library times %s: entry %.80r refused (%s); measuring it again",
-                           path, key, problem)
+            report("library times %s: entry %.80r refused (%s); measuring it again", path,
+                   key, problem)
     return times
 
 
@@ -109,7 +110,7 @@ class LibraryTimes:
     def _save(self, key: str, seconds: float) -> None:
         """The whole file rewritten with this entry added (another compile may have added
         others since it was read); a log that cannot be written keeps them in memory."""
-        merged = {**read_library_times(self.path), key: seconds}
+        merged = {**read_library_times(self.path, warn=False), key: seconds}
         text = json.dumps({"format": FORMAT_VERSION, "seconds": dict(sorted(merged.items()))},
                           indent=1)
         try:
