@@ -3,6 +3,7 @@
 import json
 import logging
 import math
+from pathlib import Path
 
 import pytest
 
@@ -141,3 +142,70 @@ def test_a_gemm_kernel_costs_the_blas_time_when_it_is_lower(tmp_path, blas_exten
     again = LibraryCosts(str(tmp_path)).cheaper({"gemm": gemm}, {"gemm": KernelCost(
         10.0, "measured", 1)})
     assert again["gemm"].seconds == costs["gemm"].seconds
+
+
+def _gemm_module():
+    import tvm
+    from tvm import te
+
+    a, b = te.placeholder((64, 48), name="a"), te.placeholder((48, 32), name="b")
+    k = te.reduce_axis((0, 48), "k")
+    c = te.compute((64, 32), lambda i, j: te.sum(a[i, k] * b[k, j], axis=k), name="c")
+    return tvm.IRModule({"main": te.create_prim_func([a, b, c])})
+
+
+def _session(tmp_path, library="auto"):
+    from korch_tvm.config import KorchConfig
+    from korch_tvm.costing.session import CostingSession
+    from korch_tvm.costing.tuning_log import TuningLog
+
+    config = KorchConfig(library=library, tuning_logs=str(tmp_path), trials=8)
+    log = TuningLog(str(tmp_path), config.target)
+    return CostingSession(config, log, None, str(tmp_path)), log
+
+
+def test_measure_and_tune_both_take_the_cheaper(blas_extension, tmp_path, monkeypatch):
+    import korch_tvm.costing.session as session_module
+
+    session, log = _session(tmp_path)
+    directory = Path(log.directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    key = "openblas.sgemm batch=1 m=64 n=32 k=48 ta=0 tb=0 ab=0 bb=0"
+    (directory / LIBRARY_TIMES_FILE).write_text(
+        json.dumps({"format": 1, "seconds": {key: 2e-4}}))
+    kernels = {"gemm": _gemm_module()}
+    monkeypatch.setattr(session_module, "measure_kernels",
+                        lambda *a, **k: {"gemm": KernelCost(1e-3, "measured", 1)})
+    monkeypatch.setattr(session, "runner", lambda: None)
+    measured = session.measure(kernels)
+    assert (measured["gemm"].seconds, measured["gemm"].implementation) == (2e-4,
+                                                                          "openblas.sgemm")
+    monkeypatch.setattr(session_module, "trial_allocation", lambda *a: {"gemm": 8})
+    monkeypatch.setattr(session_module, "tune_kernels",
+                        lambda *a, **k: {"gemm": KernelCost(5e-5, "tuned", 8)})
+    tuned = session.tune(kernels, {"gemm": 1.0}, measured)
+    assert (tuned["gemm"].seconds, tuned["gemm"].implementation) == (5e-5, None)
+    assert tuned["gemm"].library == LibraryTime("openblas.sgemm", 2e-4)
+    assert session.library().times.measured == 0     # the file's time, never re-measured
+
+
+def test_auto_without_the_extension_is_tvm_only_with_one_info_line(tmp_path, monkeypatch,
+                                                                   caplog):
+    import korch_tvm.library
+
+    monkeypatch.setattr(korch_tvm.library, "load_blas_extension", lambda: False)
+    session, _ = _session(tmp_path)
+    costs = {"gemm": KernelCost(1e-3, "measured", 1)}
+    with caplog.at_level(logging.INFO, logger="korch_tvm.costing"):
+        assert session.with_library({"gemm": _gemm_module()}, costs) == costs
+        assert session.with_library({"gemm": _gemm_module()}, costs) == costs
+    lines = [r.getMessage() for r in caplog.records if "library" in r.getMessage()]
+    assert len(lines) == 1 and "extension is not built" in lines[0]
+
+
+def test_library_kernel_names_are_the_partition_names_of_library_costs():
+    from korch_tvm.backend.rewrite import library_kernel_names
+
+    costs = {"a": KernelCost(1e-4, "measured", 1, implementation="openblas.sgemm"),
+             "b": KernelCost(1e-4, "measured", 1)}
+    assert library_kernel_names([None, "a", "b", "a"], costs) == ["korch_k1", "korch_k3"]
