@@ -36,12 +36,12 @@ def test_entry_key_names_the_call_and_every_shape_field():
 def test_times_are_measured_once_and_read_back_by_a_second_compile(tmp_path):
     call = TimedCall(2.5e-4)
     first = LibraryTimes(str(tmp_path))
-    assert first.seconds(call) == 2.5e-4 and first.seconds(call) == 2.5e-4
+    assert first.seconds(call) == (2.5e-4, True) and first.seconds(call) == (2.5e-4, True)
     assert call.calls == [True] and first.measured == 1  # cold, like TVM kernels
     saved = json.loads((tmp_path / LIBRARY_TIMES_FILE).read_text())
     assert saved == {"format": 1, "seconds": {KEY: 2.5e-4}}
     second, again = LibraryTimes(str(tmp_path)), TimedCall(9.0)
-    assert second.seconds(again) == 2.5e-4
+    assert second.seconds(again) == (2.5e-4, False)
     assert again.calls == [] and second.measured == 0
 
 
@@ -54,7 +54,7 @@ def test_a_corrupt_file_is_refused_in_one_line_and_measured_again(tmp_path, capl
     assert len(caplog.records) == 1 and "\n" not in caplog.records[0].getMessage()
     assert "measuring them again" in caplog.records[0].getMessage()
     call = TimedCall(3e-4)
-    assert times.seconds(call) == 3e-4 and call.calls == [True]
+    assert times.seconds(call) == (3e-4, True) and call.calls == [True]
     assert read_library_times(str(tmp_path / LIBRARY_TIMES_FILE)) == {KEY: 3e-4}
 
 
@@ -78,7 +78,7 @@ def test_a_bad_entry_is_refused_and_measured_again(tmp_path, caplog, key, second
     assert len(messages) == 1 and reason in messages[0] and "refused" in messages[0]
     call = TimedCall(4e-4, name=key.split()[0] if key.startswith("openblas") else
                      "openblas.sbgemm")
-    assert times.seconds(call) == 4e-4 and call.calls == [True]  # never the file's number
+    assert times.seconds(call) == (4e-4, True) and call.calls == [True]  # not the file's
     assert read_library_times(str(tmp_path / LIBRARY_TIMES_FILE)) == {KEY: 4e-4, good: 1e-5}
 
 
@@ -90,7 +90,9 @@ def test_cheaper_of_takes_the_lower_and_remembers_the_library():
     fast = cheaper_of(KernelCost(5e-4, "tuned", 32), library)
     assert (fast.seconds, fast.implementation, fast.library) == (5e-4, None, library)
     failed = cheaper_of(KernelCost(math.inf, "failed", 1, "crashed"), library)
-    assert (failed.seconds, failed.source, failed.error) == (1e-3, "measured", None)
+    assert (failed.seconds, failed.source, failed.error) == (1e-3, "log", None)  # from the file
+    timed = cheaper_of(KernelCost(1e-2, "predicted", 0), library._replace(measured_now=True))
+    assert (timed.seconds, timed.source) == (1e-3, "measured")
     predicted_faster = cheaper_of(KernelCost(2e-4, "predicted", 0), library)
     assert predicted_faster.implementation is None and predicted_faster.source == "predicted"
     assert cheaper_of(slow, library) == slow and cheaper_of(slow, None) == slow

@@ -24,6 +24,7 @@ class LibraryTime(NamedTuple):
 
     implementation: str  # e.g. "openblas.sgemm"
     seconds: float
+    measured_now: bool = False  # False: read from library_times.json
 
 
 @dataclass(frozen=True)
@@ -50,11 +51,14 @@ def cheaper_of(cost: KernelCost, library: LibraryTime | None) -> KernelCost:
     """`cost` (TVM's) or the library's time, whichever is lower, remembering the library.
 
     A failed TVM kernel takes the library's time; a predicted one only when the library is
-    faster than the prediction (the library's time is measured, so the cost is then too)."""
+    faster than the prediction (the library's time is measured, so the cost then is too:
+    "measured" when it was timed now, "log" when read from the file)."""
     if library is None or cost.implementation is not None:  # already the cheaper of the two
         return cost
     if cost.source == "failed" or library.seconds < cost.seconds:
-        source = "measured" if cost.source in ("predicted", "failed") else cost.source
+        source = cost.source
+        if source in ("predicted", "failed"):
+            source = "measured" if library.measured_now else "log"
         return replace(cost, seconds=library.seconds, source=source, error=None,
                        implementation=library.implementation, library=library)
     return replace(cost, library=library)

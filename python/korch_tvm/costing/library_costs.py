@@ -96,16 +96,20 @@ class LibraryTimes:
         self.path = os.path.join(directory, LIBRARY_TIMES_FILE)
         self._times = read_library_times(self.path)
         self.measured = 0  # calls this object timed (a warm second compile times none)
+        self._measured_keys: set[str] = set()
 
-    def seconds(self, implementation: Implementation) -> float:
+    def seconds(self, implementation: Implementation) -> tuple[float, bool]:
+        """(seconds of one call, whether it was measured now rather than read)."""
         key = entry_key(implementation)
-        if key not in self._times:
-            seconds = implementation.measure(cold=implementation.name.startswith("openblas"))
-            assert entry_problem(key, seconds) is None, f"{key}: measured {seconds!r}"
-            self._times[key] = seconds
-            self.measured += 1
-            self._save(key, seconds)
-        return self._times[key]
+        if key in self._times:
+            return self._times[key], key in self._measured_keys
+        seconds = implementation.measure(cold=implementation.name.startswith("openblas"))
+        assert entry_problem(key, seconds) is None, f"{key}: measured {seconds!r}"
+        self._times[key] = seconds
+        self._measured_keys.add(key)
+        self.measured += 1
+        self._save(key, seconds)
+        return seconds, True
 
     def _save(self, key: str, seconds: float) -> None:
         """The whole file rewritten with this entry added (another compile may have added
@@ -139,7 +143,7 @@ class LibraryCosts:
         implementation = self.implementation(kernel_mod)
         if implementation is None:
             return None
-        return LibraryTime(implementation.name, self.times.seconds(implementation))
+        return LibraryTime(implementation.name, *self.times.seconds(implementation))
 
     def cheaper(self, kernels: Mapping[str, tvm.IRModule], costs: Mapping[str, KernelCost]
                 ) -> dict[str, KernelCost]:
