@@ -53,7 +53,7 @@ def rewrite_with_plan(graph, chosen_groups: Sequence[Iterable[int]], database, t
     """`main` rebuilt from the chosen node groups (in execution order), the kernels named in
     `library_kernels` (see `library_kernel_names`) as library calls, schedules applied."""
     partition = use_library_kernels(build_partition_module(graph, chosen_groups),
-                                    library_kernels)
+                                    library_kernels, target)
     return share_identical_kernels(apply_tuning_log(partition, database, target))
 
 
@@ -65,14 +65,16 @@ def library_kernel_names(chosen_keys: Sequence[str | None], costs: Mapping) -> l
             if key is not None and getattr(costs.get(key), "implementation", None)]
 
 
-def use_library_kernels(partition: tvm.IRModule, names: Collection[str]) -> tvm.IRModule:
+def use_library_kernels(partition: tvm.IRModule, names: Collection[str], target
+                        ) -> tvm.IRModule:
     """`partition` (unscheduled kernels, before the tuning log is applied) with the kernels
-    `names` replaced by their library calls; a named kernel without one is an error."""
+    `names` replaced by their library calls for `target` (cuBLAS on CUDA, else OpenBLAS); a
+    named kernel without one is an error."""
     if not names:
         return partition
     from ..library import UseLibraryGemm
 
-    return UseLibraryGemm(kernels=names)(partition)
+    return UseLibraryGemm(kernels=names, device="cuda" if is_cuda(target) else "cpu")(partition)
 
 
 def share_identical_kernels(mod: tvm.IRModule) -> tvm.IRModule:

@@ -15,24 +15,26 @@ CALL_TIR = tvm.ir.Op.get("relax.call_tir")
 
 @tvm.transform.module_pass(opt_level=0, name="UseLibraryGemm")
 class UseLibraryGemm:
-    """`kernels`: names of the PrimFuncs to replace (None: every one that is a plain GEMM).
+    """`kernels`: names of the PrimFuncs to replace (None: every one that is a plain GEMM);
+    `device`: whose library calls ("cpu": OpenBLAS, "cuda": cuBLAS).
 
     A named kernel that is not a GEMM, or an unavailable extension, is an error, not a silent
     keep: the caller chose the library for it. PrimFuncs left uncalled are removed."""
 
-    def __init__(self, kernels: Collection[str] | None = None):
+    def __init__(self, kernels: Collection[str] | None = None, device: str = "cpu"):
         self.kernels = None if kernels is None else frozenset(kernels)
+        self.device = device
 
     def transform_module(self, mod: tvm.IRModule, ctx) -> tvm.IRModule:
-        return _GemmRewriter(mod, self.kernels).rewrite()
+        return _GemmRewriter(mod, self.kernels, self.device).rewrite()
 
 
 @relax.expr_functor.mutator
 class _GemmRewriter(relax.PyExprMutator):
-    def __init__(self, mod: tvm.IRModule, kernels):
+    def __init__(self, mod: tvm.IRModule, kernels, device: str):
         super().__init__(mod)
         self.mod_ = mod
-        self.kernels = kernels
+        self.kernels, self.device = kernels, device
         self.replaced: set[str] = set()
 
     def rewrite(self) -> tvm.IRModule:
@@ -61,7 +63,7 @@ class _GemmRewriter(relax.PyExprMutator):
 
     def _implementation(self, callee) -> Implementation | None:
         kernel = self.mod_[callee]
-        found = implementations_for(tvm.IRModule({"main": kernel})) \
+        found = implementations_for(tvm.IRModule({"main": kernel}), self.device) \
             if isinstance(kernel, tvm.tirx.PrimFunc) else []
         if found or self.kernels is None:
             return found[0] if found else None
