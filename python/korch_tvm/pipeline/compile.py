@@ -222,12 +222,18 @@ def _mismatch_message(verification, plan, source, target, tolerance) -> str:
                f"the tolerance {verification.tolerance:g}")
     if plan is None:
         return message
-    from ..backend.rewrite import rewrite_with_plan  # the rewrite the Korch path itself used
+    import tvm
+
     from ..backend.verify import first_mismatching_kernel
+    from . import korch
+    from .passes import ApplyTuningLog, ShareIdenticalKernels
+
+    # the steps the Korch pipeline itself ran after planning, on trial plans
+    rewrite = tvm.transform.Sequential([ApplyTuningLog(plan.tuning_log.database, target),
+                                        ShareIdenticalKernels()])
 
     def build_groups(groups):
-        module = rewrite_with_plan(plan.graph, groups, plan.tuning_log.database, target)
-        return build(module, target)
+        return build(rewrite(korch.partition_module(plan, groups)), target)
 
     inputs = random_inputs(source.shapes, source.dtypes, 0)
     expected = reference_outputs(source, target, inputs)

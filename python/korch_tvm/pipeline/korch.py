@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
 
@@ -167,10 +167,12 @@ def rewrite_plan(plan: KorchPlan):
     return optimized, korch_report(plan, optimized, rewrite_started)
 
 
-def partition_module(plan: KorchPlan) -> tvm.IRModule:
-    """`plan`'s chosen kernels as `main`, one unscheduled PrimFunc per chosen group: what the
-    Korch pipeline's planning pass returns, for the tuning log to schedule."""
-    return build_partition_module(plan.graph, plan.chosen_groups)
+def partition_module(plan: KorchPlan, groups: Sequence[Iterable[int]] | None = None
+                     ) -> tvm.IRModule:
+    """`plan`'s chosen kernels (or the node `groups` given, in execution order) as `main`, one
+    unscheduled PrimFunc per group: what the Korch pipeline's planning pass returns, for the
+    tuning log to schedule, and what the mismatch diagnosis builds its trial plans from."""
+    return build_partition_module(plan.graph, plan.chosen_groups if groups is None else groups)
 
 
 def korch_report(plan: KorchPlan, optimized: tvm.IRModule, rewrite_started: float) -> dict:

@@ -28,7 +28,8 @@ from ..kernels.weight_packing import mark_layout_free_weights
 from ..layout.activations import convert_layout
 from ..lowering.constant_folding import fold_constants
 from ..lowering.fission import lower_to_primitives
-from .korch import korch_report, partition_module, plan_korch
+from . import korch
+from .korch import korch_report, plan_korch
 from .layout_plan import KorchPlan
 from .stock import StockChoice, choose_stock_layout, stock_fusion
 
@@ -143,7 +144,7 @@ class PlanKorch:
         with _keeping_raised(self):
             self.last_plan = plan_korch(mod, self.config, session=self.session)
             self.planned_at = time.perf_counter()
-            return partition_module(self.last_plan)
+            return korch.partition_module(self.last_plan)
 
 
 @tvm.transform.module_pass(opt_level=0, name="KorchPass")
