@@ -193,16 +193,19 @@ def test_measure_and_tune_both_take_the_cheaper(blas_extension, tmp_path, monkey
 
 def test_auto_without_the_extension_is_tvm_only_with_one_info_line(tmp_path, monkeypatch,
                                                                    caplog):
-    import korch_tvm.library
+    import korch_tvm.library.extension as extension
 
-    monkeypatch.setattr(korch_tvm.library, "load_blas_extension", lambda: False)
+    missing = (tmp_path / "korch_blas-x.o", tmp_path / "korch_blas-x.so")
+    monkeypatch.setattr(extension, "blas_artifacts", lambda directory=None: missing)
     session, _ = _session(tmp_path)
     costs = {"gemm": KernelCost(1e-3, "measured", 1)}
-    with caplog.at_level(logging.INFO, logger="korch_tvm.costing"):
+    with caplog.at_level(logging.INFO, logger="korch_tvm"):
         assert session.with_library({"gemm": _gemm_module()}, costs) == costs
         assert session.with_library({"gemm": _gemm_module()}, costs) == costs
-    lines = [r.getMessage() for r in caplog.records if "library" in r.getMessage()]
-    assert len(lines) == 1 and "extension is not built" in lines[0]
+        assert not session.has_library(_gemm_module())
+    lines = [r.getMessage() for r in caplog.records if "library" in r.getMessage().lower()]
+    assert lines == ["BLAS library kernels unavailable: korch_blas-x.so is not built (run "
+                     "`python -m korch_tvm.library.build`)"]
 
 
 def test_library_kernel_names_are_the_partition_names_of_library_costs():

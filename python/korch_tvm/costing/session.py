@@ -9,7 +9,6 @@ once), one time budget, and a scratch folder for the builders' artifacts, remove
 
 from __future__ import annotations
 
-import logging
 import math
 import shutil
 import tempfile
@@ -33,8 +32,6 @@ from .measure import measure_kernels, profile_kernels, trial_allocation, tune_ke
 from .pooled_builder import PooledBuilder
 from .runners import configured_runner, local_runner
 from .tuning_log import TuningLog
-
-logger = logging.getLogger("korch_tvm.costing")
 
 @dataclass(frozen=True)
 class Costing:
@@ -125,8 +122,8 @@ class CostingSession:
 
     def library(self) -> LibraryCosts | None:
         """The library implementations' costs (costing/library_costs.py), made on first use;
-        None with `config.library == "off"`, or where the BLAS extension is not built (one
-        info line: every cost is then TVM's, as before)."""
+        None with `config.library == "off"`, or where the BLAS extension is not built (the
+        loader says so in one info line; every cost is then TVM's, as before)."""
         if not self._library_made:
             self._library_made = True
             if self.config.library == "auto":
@@ -136,9 +133,6 @@ class CostingSession:
                 if (load_cublas_extension if cuda else load_blas_extension)():
                     self._library = LibraryCosts(self.tuning_log.directory,
                                                  "cuda" if cuda else "cpu")
-                else:
-                    logger.info("--library auto: no library kernels (the extension is not "
-                                "built), so every kernel is TVM's")
         return self._library
 
     def with_library(self, kernels: Mapping[str, tvm.IRModule],
