@@ -314,23 +314,24 @@ def test_solver_time_limit_reports_status_and_keeps_a_valid_plan():
 # ----------------------------------------------------------------------------- verification
 @pytest.fixture
 def wrong_kernel(monkeypatch):
-    """Make the rewrite scale the outputs of the chosen kernel holding primitive `exp`."""
-    from korch_tvm.pipeline import korch as passes
+    """Make the plan's kernels scale the outputs of the chosen kernel holding primitive `exp`
+    (`korch.partition_module` is where every build of a plan, the diagnosis's too, starts)."""
+    from korch_tvm.pipeline import korch
 
-    original = passes.rewrite_with_plan
+    original = korch.partition_module
     state = {}
 
-    def rewrite(graph, groups, database, target):
-        module = original(graph, groups, database, target)
+    def partition(plan, groups=None):
+        module = original(plan, groups)
         bad = state.get("nodes")
         if bad is None:
             return module
-        for index, group in enumerate(groups):
+        for index, group in enumerate(plan.chosen_groups if groups is None else groups):
             if frozenset(group) == bad:
                 return _scale_kernel_outputs(module, f"korch_k{index}")
         return module
 
-    monkeypatch.setattr(passes, "rewrite_with_plan", rewrite)
+    monkeypatch.setattr(korch, "partition_module", partition)
     return state
 
 
