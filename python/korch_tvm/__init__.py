@@ -4,8 +4,10 @@ Public API:
 * `compile_model(model, target="llvm", *, korch=True, tuning_logs=None, trials=0, ...)`
   -> `(executable, report)`
 * `KorchPass(config)`: a `tvm.transform.Pass` to use in place of FuseOps/FuseTIR
-* `korch_pipeline(config)`, `stock_pipeline(config)`: the two compile paths as
-  `tvm.transform.Sequential` lists (print one to read it); more passes in `pipeline.passes`
+* `korch_pipeline(config, session)`, `stock_pipeline(config, session)`: the two compile paths
+  as `tvm.transform.Sequential` lists (print one to read it); more passes in `pipeline.passes`
+* `CostingSession.open(config)`: a context manager; the costing of one compile (tuning log,
+  runner, builders, cost model, time budget), which the pipelines above cost kernels through
 * `KorchConfig`: every knob of a compile (its `target` resolved to a `tvm.target.Target` when made)
 * `PrimitiveLowering()`: the operator-fission pass on its own
 * `parse_target(spec)`: `llvm` (this CPU), `cuda`, or a JSON target dict -> `tvm.target.Target`
@@ -22,6 +24,7 @@ _LAZY = {
     "korch_pipeline": ("pipeline.passes", "korch_pipeline"),
     "stock_pipeline": ("pipeline.passes", "stock_pipeline"),
     "KorchConfig": ("config", "KorchConfig"),
+    "CostingSession": ("costing.session", "CostingSession"),
     "PrimitiveLowering": ("lowering.fission", "PrimitiveLowering"),
     "parse_target": ("target_spec", "parse_target"),
     "user_log_root": ("costing.log_seeds", "user_log_root"),
