@@ -57,7 +57,7 @@ def test_failure_reason_keeps_the_cli_line_and_the_innermost_error(tmp_path):
     assert run_zoo.failure_reason(str(log), 3) == "exit 3 with no error line (see the log)"
 
 
-def _bench_result(stock, korch, ort):
+def _bench_result(stock, korch, ort, openvino=None):
     def stats(values):
         ordered = sorted(values)
         return {"median": ordered[len(ordered) // 2], "p10": ordered[0], "p90": ordered[-1]}
@@ -68,7 +68,7 @@ def _bench_result(stock, korch, ort):
 
     phase = {"compile_seconds": 30.0, "trials_run": 0,
              "verification": {"max_rel_error": 2e-6}}
-    return {
+    result = {
         "date": "2026-12-01 22:00:00 UTC", "threads": 2, "target_tag": "llvm-test-2c",
         "machine": {"cpu": "test cpu", "cores": 2}, "tvm_version": "0.27",
         "onnxruntime_version": "1.32.0",
@@ -81,13 +81,18 @@ def _bench_result(stock, korch, ort):
         "korch_plan": {"modelled_ms": 1.5, "kernels_chosen": 9},
         "load_before": 3.0, "load_after": 4.0, "zoo_code": {"source": "working tree at abc"},
     }
+    if openvino:  # as korch-tvm bench writes it when OpenVINO is installed
+        result["latency_ms"]["openvino"] = stats(openvino)
+        result["ratios"]["korch_vs_openvino"] = ratio(openvino, korch)
+        result["openvino"] = {"version": "2026.4", "settings": {"threads": 2}}
+    return result
 
 
 def test_aggregate_has_a_row_for_every_model_and_geomeans_only_what_ran(tmp_path):
     per_model = tmp_path / "zoo-0"
     per_model.mkdir()
     (per_model / "resnet18.json").write_text(json.dumps(
-        _bench_result([4.0, 4.0, 4.0], [2.0, 2.0, 2.0], [1.0, 1.0, 1.0])))
+        _bench_result([4.0, 4.0, 4.0], [2.0, 2.0, 2.0], [1.0, 1.0, 1.0], [3.0, 3.0, 3.0])))
     unmeasured = _bench_result([8.0, 8.0, 8.0], [2.0, 2.0, 2.0], [4.0, 4.0, 4.0])
     unmeasured["korch_plan"]["modelled_ms"] = float("inf")
     (per_model / "deit_tiny.json").write_text(json.dumps(unmeasured))
@@ -106,13 +111,15 @@ def test_aggregate_has_a_row_for_every_model_and_geomeans_only_what_ran(tmp_path
     assert status["resnet50"] == "not run"
     assert summary["geomean"]["korch_vs_stock"] == pytest.approx((2.0 * 4.0) ** 0.5)
     assert summary["geomean"]["korch_vs_ort"] == pytest.approx((0.5 * 2.0) ** 0.5)
+    assert summary["geomean"]["korch_vs_openvino"] == pytest.approx(1.5)  # one row timed it
+    assert summary["versions"]["openvino"] == "2026.4"
     assert summary["modelled_within_20_percent"] == 0  # 0.75x and an infinite plan
     assert summary["counts"]["ok"] == 2 and summary["counts"]["failed"] == 1
     table = (tmp_path / "zoo-0.md").read_text()
     assert "| bert_2layer | BERT-style encoder | failed |" in table
     assert table.count("korch-tvm: error: output 0 differs \\| a |") == 1  # '|' escaped
     assert "RuntimeError: no export" in table
-    assert "| resnet18 | classic CNN | ok | 30 / 30 (warm 30 / 30) | 4.00 | 2.00 | 1.00 |" in table
+    assert "| resnet18 | classic CNN | ok | 30 / 30 (warm 30 / 30) | 4.00 | 2.00 | 1.00 | 3.00 | 2.00× | 0.50× | 1.50× |" in table
     assert "| 1.50 (0.75×) |" in table and "| inf (a cost was never measured) |" in table
     assert "within 20 % of its measured on 0 of 2" in table
     assert "load 3-4" in table and "shared 2-core machine" in table
