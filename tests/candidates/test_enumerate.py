@@ -142,3 +142,18 @@ def test_partition_cuts_at_the_narrow_point():
     edges = [(i, i + 1) for i in range(9)] + skips
     graph = PrimitiveGraph.from_edges(10, edges)
     assert partition_graph(graph, 6) == [frozenset(range(6)), frozenset(range(6, 10))]
+
+
+def test_a_large_kernel_size_leaves_the_recursion_limit_as_it_was(monkeypatch):
+    """Enumeration recurses once per member; it may raise Python's limit while it runs, but a
+    library call must leave the process's limit as it found it."""
+    import sys
+
+    graph = random_dag(10, 0.3, 7)
+    before = sys.getrecursionlimit()
+    raised = []
+    real_set = sys.setrecursionlimit
+    monkeypatch.setattr(sys, "setrecursionlimit", lambda n: (raised.append(n), real_set(n)))
+    candidates = enumerate_candidates(graph, KernelRules(max_kernel_size=before + 10))
+    assert candidates and raised[0] == before + 110
+    assert sys.getrecursionlimit() == before

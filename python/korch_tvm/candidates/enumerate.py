@@ -23,6 +23,7 @@ stock groups are added whole regardless of the cap.
 from __future__ import annotations
 
 import sys
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Callable, Iterable
 
@@ -73,9 +74,33 @@ def enumerate_candidates(graph: PrimitiveGraph, rules: KernelRules = KernelRules
         i: graph.ancestors[i] for i in range(n) if linear >> i & 1}
     growable = allowed & ~opaque
     found: set[int] = set()
+    with _recursion_depth(rules.max_kernel_size + 100):  # _grow recurses once per member
+        _grow_from_every_root(graph, rules, found, n, allowed, growable, opaque, linear, reduce,
+                              prologue_of)
+    candidates = {mask: _candidate(graph, mask, False) for mask in found}
+    for group in graph.stock_fusion_groups():
+        mask = graph.mask(group)
+        if mask & allowed == mask:
+            candidates[mask] = _candidate(graph, mask, True)
+    return [c for mask, c in sorted(candidates.items(), key=lambda kv: _order(kv[0]))
+            if c.is_stock or _obeys_filters(graph, rules, c)]
+
+
+@contextmanager
+def _recursion_depth(depth: int):
+    """Python's recursion limit raised to at least `depth` while enumerating, then restored:
+    a library call must not change the process's limit for good."""
     limit = sys.getrecursionlimit()
-    if rules.max_kernel_size + 50 > limit:
-        sys.setrecursionlimit(rules.max_kernel_size + 100)
+    sys.setrecursionlimit(max(limit, depth))
+    try:
+        yield
+    finally:
+        sys.setrecursionlimit(limit)
+
+
+def _grow_from_every_root(graph, rules, found, n, allowed, growable, opaque, linear, reduce,
+                          prologue_of) -> None:
+    """ESU from each allowed root: every connected set whose lowest node is that root."""
     for root in range(n):
         bit = 1 << root
         if not allowed & bit:
@@ -90,13 +115,6 @@ def enumerate_candidates(graph: PrimitiveGraph, rules: KernelRules = KernelRules
               bit, 1,
               graph.neighbours[root] & above_root, graph.neighbours[root] | bit,
               graph.descendants[root], graph.ancestors[root])
-    candidates = {mask: _candidate(graph, mask, False) for mask in found}
-    for group in graph.stock_fusion_groups():
-        mask = graph.mask(group)
-        if mask & allowed == mask:
-            candidates[mask] = _candidate(graph, mask, True)
-    return [c for mask, c in sorted(candidates.items(), key=lambda kv: _order(kv[0]))
-            if c.is_stock or _obeys_filters(graph, rules, c)]
 
 
 def _grow(graph, rules, found, above_root, watched, linear, reduce, prologue_of, members, size,
