@@ -221,3 +221,20 @@ def test_a_time_is_the_least_of_its_rounds(tmp_path):
     rounds = iter([5e-3, 1e-4, 2e-3])
     call.measure = lambda cold=False: next(rounds)
     assert LibraryTimes(str(tmp_path)).seconds(call) == (1e-4, True)
+
+
+def test_a_spent_time_budget_measures_no_library_call(blas_extension, tmp_path, monkeypatch):
+    import korch_tvm.costing.session as session_module
+    from korch_tvm.config import KorchConfig
+    from korch_tvm.costing.session import CostingSession
+    from korch_tvm.costing.tuning_log import TuningLog
+
+    call = TimedCall()
+    assert LibraryTimes(str(tmp_path)).seconds(call, measure=False) is None and not call.calls
+    config = KorchConfig(tuning_logs=str(tmp_path), time_budget=0.0)
+    session = CostingSession(config, TuningLog(str(tmp_path), config.target), None,
+                             str(tmp_path))
+    predicted = {"gemm": KernelCost(1e-3, "predicted", 0)}
+    monkeypatch.setattr(session_module, "measure_kernels", lambda *a, **k: predicted)
+    assert session.measure({"gemm": _gemm_module()}) == predicted
+    assert session.library().times.measured == 0

@@ -25,7 +25,8 @@ def _names(pipeline) -> list[str]:
     return [step.info.name for step in pipeline.passes]
 
 
-KORCH_STEPS = ["korch_tvm.PlanKorch", "korch_tvm.ApplyTuningLog", "korch_tvm.ShareIdenticalKernels"]
+KORCH_STEPS = ["korch_tvm.PlanKorch", "korch_tvm.UseLibraryKernels", "korch_tvm.ApplyTuningLog",
+               "korch_tvm.ShareIdenticalKernels"]
 STOCK_STEPS = ["korch_tvm.StockPass", "korch_tvm.ApplyTuningLog"]
 
 

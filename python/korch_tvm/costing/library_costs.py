@@ -102,11 +102,15 @@ class LibraryTimes:
         self.measured = 0  # calls this object timed (a warm second compile times none)
         self._measured_keys: set[str] = set()
 
-    def seconds(self, implementation: Implementation) -> tuple[float, bool]:
-        """(seconds of one call, whether it was measured now rather than read)."""
+    def seconds(self, implementation: Implementation, measure: bool = True
+                ) -> tuple[float, bool] | None:
+        """(seconds of one call, whether it was measured now rather than read); None when it
+        is not recorded and `measure` is False (a spent time budget measures nothing)."""
         key = entry_key(implementation)
         if key in self._times:
             return self._times[key], key in self._measured_keys
+        if not measure:
+            return None
         cold = implementation.name.startswith("openblas")
         seconds = min(implementation.measure(cold=cold) for _ in range(MEASURE_ROUNDS))
         assert entry_problem(key, seconds) is None, f"{key}: measured {seconds!r}"
@@ -144,14 +148,15 @@ class LibraryCosts:
             self._implementations[key] = found[0] if found else None
         return self._implementations[key]
 
-    def library_time(self, kernel_mod: tvm.IRModule) -> LibraryTime | None:
+    def library_time(self, kernel_mod: tvm.IRModule, measure: bool = True
+                     ) -> LibraryTime | None:
         implementation = self.implementation(kernel_mod)
-        if implementation is None:
-            return None
-        return LibraryTime(implementation.name, *self.times.seconds(implementation))
+        found = None if implementation is None else self.times.seconds(implementation, measure)
+        return None if found is None else LibraryTime(implementation.name, *found)
 
-    def cheaper(self, kernels: Mapping[str, tvm.IRModule], costs: Mapping[str, KernelCost]
-                ) -> dict[str, KernelCost]:
-        """`costs` with each kernel's cost the lower of TVM's and its library implementation's."""
-        return {name: cheaper_of(cost, self.library_time(kernels[name]))
+    def cheaper(self, kernels: Mapping[str, tvm.IRModule], costs: Mapping[str, KernelCost],
+                measure: bool = True) -> dict[str, KernelCost]:
+        """`costs` with each kernel's cost the lower of TVM's and its library implementation's
+        (without `measure`: only where the library's time is recorded)."""
+        return {name: cheaper_of(cost, self.library_time(kernels[name], measure))
                 if name in kernels else cost for name, cost in costs.items()}

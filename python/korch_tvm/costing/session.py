@@ -136,11 +136,13 @@ class CostingSession:
         return self._library
 
     def with_library(self, kernels: Mapping[str, tvm.IRModule],
-                     costs: Mapping[str, KernelCost]) -> dict[str, KernelCost]:
+                     costs: Mapping[str, KernelCost], measure: bool = True
+                     ) -> dict[str, KernelCost]:
         """`costs` with each kernel that has a library implementation at the cheaper of the
-        two (unchanged without a library); library times are measured once, then read."""
+        two (unchanged without a library); library times are measured once, then read (with
+        `measure` False, as when the time budget is spent, only read)."""
         library = self.library()
-        return dict(costs) if library is None else library.cheaper(kernels, costs)
+        return dict(costs) if library is None else library.cheaper(kernels, costs, measure)
 
     def has_library(self, kernel_mod: tvm.IRModule) -> bool:
         """Whether `kernel_mod` has a library implementation in this session."""
@@ -160,13 +162,13 @@ class CostingSession:
         seed's schedule), or a prediction by `predictor` (None: the session's `predict`);
         the cheaper of that and its library implementation's time where it has one.
         `time_budget` bounds this call within what is left of the session's."""
-        runner = self.runner()
+        runner, left = self.runner(), self.seconds_left(time_budget)
         costs = measure_kernels(kernels, self.target, self.tuning_log,
-                                time_budget=self.seconds_left(time_budget), runner=runner,
+                                time_budget=left, runner=runner,
                                 builder=None if runner is None else self.builder(),
                                 predictor=predictor or self.predict,
                                 progress=self.config.progress, seed_log=self.seed)
-        return self.with_library(kernels, costs)
+        return self.with_library(kernels, costs, measure=left is None or left > 0)
 
     def tune(self, kernels: Mapping[str, tvm.IRModule], shares: Mapping[str, float],
              costs: Mapping[str, KernelCost], time_budget: float | None = None
@@ -181,7 +183,8 @@ class CostingSession:
                              time_budget=self.seconds_left(time_budget), runner=self.runner(),
                              progress=self.config.progress, seed=self.config.seed,
                              scratch=self.scratch)
-        return {**costs, **self.with_library(kernels, tuned)}
+        left = self.seconds_left(time_budget)
+        return {**costs, **self.with_library(kernels, tuned, measure=left is None or left > 0)}
 
     def profile(self, kernels: Mapping[str, tvm.IRModule],
                 weights: Mapping[str, float] | None = None,

@@ -26,6 +26,7 @@ from ..costing.session import CostingSession
 from ..errors import KorchError
 from ..frontend.onnx_import import (check_activations_fit, import_onnx, input_dtypes, input_shapes,
                                     load_onnx)
+from ..library import self_contained
 
 logger = logging.getLogger("korch_tvm.compile")
 
@@ -51,8 +52,10 @@ def compile_model(model, target=None, *, korch: bool = True, tuning_logs: str | 
     built model's latency.
 
     Returns `(executable, report)`: a `tvm.relax.VMExecutable` (export it with
-    `export_library`, run it with `relax.VirtualMachine`) and a JSON-friendly dict saying what
-    was done (tuning, plan, verification error, latency when `measure_latency`).
+    `export_library`, run it with `relax.VirtualMachine`; when the plan calls library kernels,
+    a `library.LibraryExecutable`, whose `export_library` links their extension in) and a
+    JSON-friendly dict saying what was done (tuning, plan, verification error, latency when
+    `measure_latency`).
 
     `target`, `tuning_logs`, `trials`, `time_budget` and `verify_tolerance` override `config`
     only when given (None keeps the config's value; the config defaults to `KorchConfig()`).
@@ -75,7 +78,8 @@ def compile_model(model, target=None, *, korch: bool = True, tuning_logs: str | 
     # read the plan's log (a throw-away one lives in the session's scratch folder).
     with builder_scratch_directory(), CostingSession.open(config) as session:
         optimized, plan = _optimize(source, config, korch, report, session)
-        executable = build(optimized, tvm_target)
+        # calling library kernels, it exports with their extension linked in (library/export.py)
+        executable = self_contained(build(optimized, tvm_target), optimized)
         report["compile_seconds"] = round(time.perf_counter() - started, 3)
         if is_cuda(tvm_target):
             report["device_code"] = check_device_code(executable, tvm_target)

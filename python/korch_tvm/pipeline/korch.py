@@ -17,7 +17,7 @@ from dataclasses import replace
 
 import tvm
 
-from ..backend.rewrite import rewrite_with_plan
+from ..backend.rewrite import library_kernel_names, rewrite_with_plan
 from ..backend.schedule_counts import schedule_counts
 from ..config import KorchConfig
 from ..costing.kernel_costs import summarize
@@ -163,8 +163,14 @@ def rewrite_plan(plan: KorchPlan):
     tuning log; returns (module ready for tvm.compile, compile report)."""
     rewrite_started = time.perf_counter()
     optimized = rewrite_with_plan(plan.graph, plan.chosen_groups, plan.tuning_log.database,
-                                  plan.target)
+                                  plan.target, library_kernels(plan))
     return optimized, korch_report(plan, optimized, rewrite_started)
+
+
+def library_kernels(plan: KorchPlan) -> list[str]:
+    """The names in `partition_module(plan)` (`korch_k<g>`) of the chosen kernels whose cost
+    is a library call's (costing/library_costs.py): they are built as that call."""
+    return library_kernel_names([plan.kernel_keys[i] for i in plan.chosen], plan.costs)
 
 
 def partition_module(plan: KorchPlan, groups: Sequence[Iterable[int]] | None = None
@@ -186,6 +192,7 @@ def korch_report(plan: KorchPlan, optimized: tvm.IRModule, rewrite_started: floa
     report["stage_seconds"] = {**plan.stage_seconds,
                                "rewrite": round(time.perf_counter() - rewrite_started, 3)}
     report["modelled_ms"] = report["plan"]["modelled_ms"]
+    _report_library_kernels(report, plan, optimized)
     if plan.in_model_factors:
         report["modelled_isolated_ms"] = sum(kernel["isolated_ms"] or 0.0
                                              for kernel in report["plan"]["kernels"])
@@ -195,6 +202,20 @@ def korch_report(plan: KorchPlan, optimized: tvm.IRModule, rewrite_started: floa
     report["kind_ms"] = plan_kind_times(unscheduled, report["plan"])  # conv 1x1 / matmul / ...
     report["kernel_kinds"] = module_kernel_kinds(unscheduled)
     return report
+
+
+def _report_library_kernels(report: dict, plan: KorchPlan, optimized: tvm.IRModule) -> None:
+    """Each chosen kernel's implementation ("tvm" or the library call's name), how many are
+    library calls, and the extension functions `optimized` calls (an export must link them:
+    library.export_library, or the LibraryExecutable compile_model returns)."""
+    from ..library import library_calls
+
+    for kernel in report["plan"]["kernels"]:
+        cost = plan.costs.get(kernel["key"]) if kernel["key"] is not None else None
+        kernel["implementation"] = getattr(cost, "implementation", None) or "tvm"
+    report["plan"]["library_kernels"] = sum(kernel["implementation"] != "tvm"
+                                            for kernel in report["plan"]["kernels"])
+    report["library_calls"] = sorted(library_calls(optimized))
 
 
 def run_korch(mod: tvm.IRModule, config: KorchConfig):

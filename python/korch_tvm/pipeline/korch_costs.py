@@ -112,22 +112,25 @@ def profiler_measurement(session: CostingSession, predicted: Mapping[str, float]
 
 
 def cost_what_plans_need(kept_kernels, predicted, stock_keys, anchors, solve, key_of_candidate,
-                          config, tuning_log, measure_modules):
+                          config, tuning_log, measure_modules, library_keys=frozenset()):
     """(best known cost of every kernel worth a number, the plan on default-schedule costs).
 
-    What the log holds and TVM's own fusion groups (so the stock plan is always costed for
-    real and Korch's plan can never model worse than it) are looked up or measured first; the
-    rest only when a plan chooses them (lazy_costing). With an infinite margin every kernel is
-    measured up front, which is what full costing means.
+    What the log holds, TVM's own fusion groups (so the stock plan is always costed for
+    real and Korch's plan can never model worse than it) and the kernels with a library
+    implementation (`library_keys`: predictions know only TVM's kernels) are looked up or
+    measured first; the rest only when a plan chooses them (lazy_costing). With an infinite
+    margin every kernel is measured up front, which is what full costing means.
     """
     def measure(keys):
         return measure_modules({key: kept_kernels[key] for key in keys})
 
     upfront = [key for key, module in kept_kernels.items()
-               if key in stock_keys or tuning_log.best_seconds(module) is not None
+               if key in stock_keys or key in library_keys
+               or tuning_log.best_seconds(module) is not None
                or not math.isfinite(config.prune_margin)]
     best = dict(measure(upfront))  # "predicted" where nothing could measure (no device, budget)
     known = {key: cost for key, cost in best.items() if cost.source != "predicted"}
+    anchors = _library_apart(anchors, known)
 
     def solve_on(costs):
         solution = solve(costs)
@@ -142,6 +145,14 @@ def cost_what_plans_need(kept_kernels, predicted, stock_keys, anchors, solve, ke
     logger.info("costing: %d of %d kernels measured or logged, plan settled in %d round(s)",
                 len(result.known), len(kept_kernels), result.rounds)
     return best, result.solution[2]
+
+
+def _library_apart(anchors, known) -> dict:
+    """`anchors` with each kernel whose cost is a library call's in a class of its own: a
+    BLAS time says nothing of how far off the cost model is for TVM kernels sharing its
+    matmul, and calibrating them by it would make every one look cheap and be measured."""
+    return {key: ({("library", key)} if key in known and known[key].implementation
+                  else anchor) for key, anchor in anchors.items()}
 
 
 def _remember(store: dict, costs):

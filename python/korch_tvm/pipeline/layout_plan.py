@@ -160,7 +160,9 @@ def plan_in_layout(source: tvm.IRModule, mod: tvm.IRModule, layout: str, config:
         costs, first_choice = cost_what_plans_need(
             priced.kept_kernels, priced.predicted, stock_keys,
             work_anchors(graph, found.candidates, priced.kept, found.kernels.keys), solve,
-            found.kernels.keys, config, session.tuning_log, measure)
+            found.kernels.keys, config, session.tuning_log, measure,
+            library_keys={key for key, module in priced.kept_kernels.items()
+                          if session.has_library(module)})
     clock.lap("measurement")
     shares = tuning_shares(first_choice, found.kernels.keys, priced.kept_kernels, costs,
                            session.tuning_log) if config.tunes else Counter()

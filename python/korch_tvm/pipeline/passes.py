@@ -21,7 +21,7 @@ from contextlib import contextmanager, nullcontext
 
 import tvm
 
-from ..backend.rewrite import apply_tuning_log, share_identical_kernels
+from ..backend.rewrite import apply_tuning_log, share_identical_kernels, use_library_kernels
 from ..config import KorchConfig
 from ..costing.session import CostingSession, open_tuning_log
 from ..kernels.weight_packing import mark_layout_free_weights
@@ -35,7 +35,7 @@ from .stock import StockChoice, choose_stock_layout, stock_fusion
 
 __all__ = ["ApplyTuningLog", "ConvertLayout", "FoldConstants", "KorchPass", "LowerToPrimitives",
            "MarkLayoutFreeWeights", "PlanKorch", "ShareIdenticalKernels", "StockFusion",
-           "StockPass", "korch_pipeline", "run_pipeline", "stock_pipeline"]
+           "StockPass", "UseLibraryKernels", "korch_pipeline", "run_pipeline", "stock_pipeline"]
 
 
 # ------------------------------------------------------------------------- stage passes
@@ -147,6 +147,20 @@ class PlanKorch:
             return korch.partition_module(self.last_plan)
 
 
+@tvm.transform.module_pass(opt_level=0, name="korch_tvm.UseLibraryKernels")
+class UseLibraryKernels:
+    """The kernels of `planning`'s last plan whose cost is a library call's
+    (costing/library_costs.py) become that call; the rest stay for `ApplyTuningLog`, which
+    must come after: a library call is matched on the unscheduled kernel."""
+
+    def __init__(self, planning: PlanKorch):
+        self.planning = planning
+
+    def transform_module(self, mod: tvm.IRModule, ctx) -> tvm.IRModule:
+        plan = self.planning.last_plan
+        return use_library_kernels(mod, korch.library_kernels(plan), plan.target)
+
+
 @tvm.transform.module_pass(opt_level=0, name="KorchPass")
 class KorchPass:
     """Use in place of FuseOps/FuseTIR: rebuild `main` as the optimal set of tuned kernels
@@ -216,11 +230,14 @@ def stock_pipeline(config: KorchConfig, session: CostingSession,
 
 def korch_pipeline(config: KorchConfig, session: CostingSession,
                    planning: PlanKorch | None = None) -> tvm.transform.Sequential:
-    """The Korch compile of `config`, costed through `session`: the plan's kernels, their
-    schedules from the session's tuning log, equal kernels shared. Give `planning` (a
-    `PlanKorch` made with the same session) to read its `last_plan` after the run."""
+    """The Korch compile of `config`, costed through `session`: the plan's kernels, those a
+    library runs cheaper as library calls, the others' schedules from the session's tuning
+    log, equal kernels shared. Give `planning` (a `PlanKorch` made with the same session) to
+    read its `last_plan` after the run."""
+    planning = planning or PlanKorch(config, session)
     return tvm.transform.Sequential([
-        planning or PlanKorch(config, session),
+        planning,
+        UseLibraryKernels(planning),
         ApplyTuningLog(session.tuning_log.database, session.target),
         ShareIdenticalKernels(),
     ], name="korch_tvm.korch_pipeline")

@@ -1,0 +1,142 @@
+"""Library kernels on the Korch path: chosen where their (recorded) time is lower, verified,
+exported self-contained, never trusted from a corrupt file, and off with library="off".
+
+Times are injected through library_times.json, so what the plan chooses does not depend on
+how fast this machine runs a GEMM today.
+"""
+
+import json
+import logging
+import math
+import subprocess
+import sys
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from korch_tvm.config import KorchConfig
+from korch_tvm.costing.library_costs import LIBRARY_TIMES_FILE
+from korch_tvm.pipeline.compile import compile_model
+
+GEMM_KEY = "openblas.sgemm batch=1 m=64 n=96 k=128 ta=0 tb=0 ab=0 bb=0"
+FRESH_RUN = """
+import sys, numpy as np, tvm
+from tvm import relax
+folder = sys.argv[1]
+vm = relax.VirtualMachine(tvm.runtime.load_module(folder + "/model.so"), tvm.cpu())
+np.save(folder + "/y.npy", vm["main"](tvm.runtime.tensor(np.load(folder + "/x.npy"))).numpy())
+print("korch_tvm imported:", any(m.startswith("korch_tvm") for m in sys.modules))
+"""
+
+
+def matmul_model():
+    """y = relu(x @ W + b): a plain GEMM with an epilogue TVM would fuse into it."""
+    rng = np.random.default_rng(0)
+    weights = [numpy_helper.from_array(rng.standard_normal((128, 96)).astype("float32"), "W"),
+               numpy_helper.from_array(rng.standard_normal(96).astype("float32"), "b")]
+    nodes = [helper.make_node("MatMul", ["x", "W"], ["mm"]),
+             helper.make_node("Add", ["mm", "b"], ["a"]), helper.make_node("Relu", ["a"], ["y"])]
+    graph = helper.make_graph(
+        nodes, "gemm", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [64, 128])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [64, 96])], initializer=weights)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    return model
+
+
+def compile_into(logs, library="auto"):
+    # memory_limit "none": the GEMM's separate epilogue needs an intermediate the stock
+    # fusion does not, which the default storage limit would refuse on a model this small
+    config = KorchConfig(tuning_logs=str(logs), library=library, memory_limit="none")
+    return compile_model(matmul_model(), korch=True, config=config)
+
+
+def record_times(logs, seconds: dict):
+    """library_times.json, in the log directory a compile into `logs` uses, holding `seconds`."""
+    from korch_tvm.backend.target import target_tag
+
+    path = logs / target_tag(KorchConfig().target) / LIBRARY_TIMES_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"format": 1, "seconds": seconds}))
+    return path
+
+
+def implementations(report):
+    return [kernel["implementation"] for kernel in report["plan"]["kernels"]]
+
+
+def test_a_cheaper_library_gemm_is_chosen_verified_exported_and_reused(
+        blas_extension, tmp_path, monkeypatch):
+    logs = tmp_path / "logs"
+    path = record_times(logs, {GEMM_KEY: 1e-7})
+    executable, report = compile_into(logs)
+    assert implementations(report) == ["openblas.sgemm", "tvm"]   # GEMM, then add + relu
+    assert report["plan"]["library_kernels"] == 1
+    assert report["library_calls"] == ["korch_tvm.blas.sgemm"]
+    assert report["verification"]["passed"] and report["verification"]["reference"] == \
+        "onnxruntime"
+    executable.export_library(str(tmp_path / "model.so"))        # the user's own call
+    x = np.random.default_rng(3).standard_normal((64, 128)).astype("float32")
+    np.save(tmp_path / "x.npy", x)
+    done = subprocess.run([sys.executable, "-c", FRESH_RUN, str(tmp_path)], capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "korch_tvm imported: False" in done.stdout
+    weights = {w.name: numpy_helper.to_array(w) for w in matmul_model().graph.initializer}
+    np.testing.assert_allclose(np.load(tmp_path / "y.npy"),
+                               np.maximum(x @ weights["W"] + weights["b"], 0), rtol=1e-4,
+                               atol=1e-4)
+    # a second compile reads the times: nothing is measured, the plan is the same
+    before = path.read_text()
+
+    def no_measuring(*args, **kwargs):
+        raise AssertionError("a library time was measured again")
+
+    monkeypatch.setattr("korch_tvm.library.implementations.Implementation.measure",
+                        no_measuring)
+    _, again = compile_into(logs)
+    assert [k["key"] for k in again["plan"]["kernels"]] == \
+        [k["key"] for k in report["plan"]["kernels"]]
+    assert implementations(again) == implementations(report)
+    assert path.read_text() == before
+
+
+def test_library_off_builds_tvm_kernels_only(blas_extension, tmp_path):
+    logs = tmp_path / "logs"
+    record_times(logs, {GEMM_KEY: 1e-7})
+    _, report = compile_into(logs, library="off")
+    assert set(implementations(report)) == {"tvm"} and report["plan"]["library_kernels"] == 0
+    assert report["library_calls"] == [] and report["verification"]["passed"]
+
+
+@pytest.mark.parametrize("content", ['{"format": 1, "seconds": {"%s": -1.0}}' % GEMM_KEY,
+                                     '{"format": 1, "seconds": {'])
+def test_a_corrupt_time_is_refused_in_one_line_and_measured_again(
+        blas_extension, tmp_path, caplog, content):
+    logs = tmp_path / "logs"
+    path = record_times(logs, {})
+    path.write_text(content)
+    with caplog.at_level(logging.WARNING, logger="korch_tvm.library_costs"):
+        _, report = compile_into(logs)
+    refusals = [r.getMessage() for r in caplog.records if r.name == "korch_tvm.library_costs"]
+    assert len(refusals) == 1 and str(path) in refusals[0] and "again" in refusals[0]
+    seconds = json.loads(path.read_text())["seconds"][GEMM_KEY]
+    assert math.isfinite(seconds) and seconds > 0          # measured here, not the file's
+    assert report["verification"]["passed"]
+
+
+def test_a_library_cost_calibrates_no_tvm_kernel():
+    """A BLAS time would make every TVM kernel sharing its matmul look cheap (and measured)."""
+    from korch_tvm.costing.kernel_costs import KernelCost
+    from korch_tvm.pipeline.korch_costs import _library_apart
+
+    anchors = {"gemm": {3}, "gemm_add": {3}, "fused_tvm": {3}, "add": {"memory-bound"}}
+    known = {"gemm": KernelCost(1e-4, "measured", 1, implementation="openblas.sgemm"),
+             "gemm_add": KernelCost(1e-3, "measured", 1)}
+    apart = _library_apart(anchors, known)
+    assert apart["gemm"] == {("library", "gemm")}
+    assert {key: apart[key] for key in ("gemm_add", "fused_tvm", "add")} == \
+        {"gemm_add": {3}, "fused_tvm": {3}, "add": {"memory-bound"}}
