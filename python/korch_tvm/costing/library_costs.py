@@ -17,6 +17,7 @@ import logging
 import math
 import os
 import re
+import time
 from collections.abc import Mapping
 
 import tvm
@@ -40,6 +41,10 @@ _MAX_SECONDS = 3600.0
 # synchronises its threads many times, and a core another process holds for a moment
 # stretched one median of seven calls from 0.1 ms to 18 ms on a shared 2-core machine.
 MEASURE_ROUNDS = 3
+# The runner's TVM threads spin on the cores for a while after timing kernels; a BLAS call
+# timed meanwhile waits on its own threads (64x256x256 measured at 7 ms instead of 0.1 ms right
+# after a measurement round). So a batch of library timings starts after this pause.
+SETTLE_SECONDS = 0.3
 
 
 def entry_key(implementation: Implementation) -> str:
@@ -101,6 +106,7 @@ class LibraryTimes:
         self._times = read_library_times(self.path)
         self.measured = 0  # calls this object timed (a warm second compile times none)
         self._measured_keys: set[str] = set()
+        self._last_measured = -math.inf
 
     def seconds(self, implementation: Implementation, measure: bool = True
                 ) -> tuple[float, bool] | None:
@@ -111,11 +117,14 @@ class LibraryTimes:
             return self._times[key], key in self._measured_keys
         if not measure:
             return None
+        if time.perf_counter() - self._last_measured > 1.0:   # the first of a batch
+            time.sleep(SETTLE_SECONDS)
         cold = implementation.name.startswith("openblas")
         seconds = min(implementation.measure(cold=cold) for _ in range(MEASURE_ROUNDS))
         assert entry_problem(key, seconds) is None, f"{key}: measured {seconds!r}"
         self._times[key] = seconds
         self._measured_keys.add(key)
+        self._last_measured = time.perf_counter()
         self.measured += 1
         self._save(key, seconds)
         return seconds, True
