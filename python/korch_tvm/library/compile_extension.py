@@ -103,6 +103,24 @@ def _run(command: list[str], what: str) -> None:
         raise LibraryBuildError(f"{what} failed (exit {done.returncode}): {first.strip()}")
 
 
+def build_atomically(object_path: Path, shared_path: Path, compile_step, link_step) -> None:
+    """Compile and link under temporary names, then rename, so a concurrent loader never sees
+    half a file. `compile_step(object)` and `link_step(object, shared)` give (command, what it
+    does) for those temporary paths; nothing partial is left behind when a step fails."""
+    object_path.parent.mkdir(parents=True, exist_ok=True)
+    partial = f".partial-{os.getpid()}"
+    object_tmp = object_path.with_name(object_path.name + partial)
+    shared_tmp = shared_path.with_name(shared_path.name + partial)
+    try:
+        _run(*compile_step(object_tmp))
+        _run(*link_step(object_tmp, shared_tmp))
+        os.replace(object_tmp, object_path)
+        os.replace(shared_tmp, shared_path)
+    finally:
+        for leftover in (object_tmp, shared_tmp):
+            leftover.unlink(missing_ok=True)
+
+
 def build_blas_extension(directory: Path | None = None, force: bool = False) -> Path:
     """Build (or reuse) the OpenBLAS extension; returns the shared library's path."""
     object_path, shared_path = blas_artifacts(directory)
@@ -111,24 +129,16 @@ def build_blas_extension(directory: Path | None = None, force: bool = False) -> 
     cxx = find_cxx()
     blas_include, blas_library = openblas_paths()
     ffi_include, ffi_library = _tvm_ffi_paths()
-    object_path.parent.mkdir(parents=True, exist_ok=True)
-    # Build under temporary names, then rename: a concurrent loader never sees half a file.
-    partial = f".partial-{os.getpid()}"
-    object_tmp = object_path.with_name(object_path.name + partial)
-    shared_tmp = shared_path.with_name(shared_path.name + partial)
-    try:
-        _run([cxx, "-std=c++17", "-O2", "-fPIC", "-c", str(BLAS_SOURCE), f"-I{ffi_include}",
-              f"-I{blas_include}", "-o", str(object_tmp)], "compiling blas_ext.cc")
-        runtime = _tvm_runtime_library()
-        _run([cxx, "-shared", "-o", str(shared_tmp), str(object_tmp), str(blas_library),
-              str(ffi_library), str(runtime), f"-Wl,-rpath,{blas_library.parent}",
-              f"-Wl,-rpath,{ffi_library.parent}", f"-Wl,-rpath,{runtime.parent}"],
-             "linking the BLAS extension")
-        os.replace(object_tmp, object_path)
-        os.replace(shared_tmp, shared_path)
-    finally:
-        for leftover in (object_tmp, shared_tmp):
-            leftover.unlink(missing_ok=True)
+    runtime = _tvm_runtime_library()
+    build_atomically(
+        object_path, shared_path,
+        lambda obj: ([cxx, "-std=c++17", "-O2", "-fPIC", "-c", str(BLAS_SOURCE),
+                      f"-I{ffi_include}", f"-I{blas_include}", "-o", str(obj)],
+                     "compiling blas_ext.cc"),
+        lambda obj, shared: ([cxx, "-shared", "-o", str(shared), str(obj), str(blas_library),
+                              str(ffi_library), str(runtime), f"-Wl,-rpath,{blas_library.parent}",
+                              f"-Wl,-rpath,{ffi_library.parent}", f"-Wl,-rpath,{runtime.parent}"],
+                             "linking the BLAS extension"))
     for stale in object_path.parent.glob("korch_blas-*"):   # builds of earlier sources
         if stale.suffix in (".o", ".so") and stale not in (object_path, shared_path):
             stale.unlink(missing_ok=True)

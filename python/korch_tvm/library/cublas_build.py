@@ -14,8 +14,8 @@ import os
 import shutil
 from pathlib import Path
 
-from .compile_extension import (SOURCE_DIR, LibraryBuildError, _run, _tvm_ffi_paths, find_cxx,
-                                library_dir)
+from .compile_extension import (SOURCE_DIR, LibraryBuildError, _tvm_ffi_paths, build_atomically,
+                                find_cxx, library_dir)
 
 CUBLAS_SOURCE = SOURCE_DIR / "cublas_ext.cu"
 
@@ -88,22 +88,15 @@ def build_cublas_extension(directory: Path | None = None, force: bool = False,
         return shared_path
     ffi_include, ffi_library = _tvm_ffi_paths()
     cuda_lib = cuda_home(nvcc) / "lib64"
-    object_path.parent.mkdir(parents=True, exist_ok=True)
-    partial = f".partial-{os.getpid()}"
-    object_tmp = object_path.with_name(object_path.name + partial)
-    shared_tmp = shared_path.with_name(shared_path.name + partial)
-    try:
-        _run([nvcc, "-std=c++17", "-O2", "-Xcompiler", "-fPIC", "-c", str(CUBLAS_SOURCE),
-              f"-I{ffi_include}", f"-I{cublas_include}", "-o", str(object_tmp)],
-             "compiling cublas_ext.cu")
-        # The host compiler links: nvcc refuses a versioned library (libcublas.so.13) as input.
-        _run([find_cxx(), "-shared", "-o", str(shared_tmp), str(object_tmp), str(cublas_library),
-              str(ffi_library), f"-L{cuda_lib}", "-lcudart", f"-Wl,-rpath,{cublas_library.parent}",
-              f"-Wl,-rpath,{ffi_library.parent}", f"-Wl,-rpath,{cuda_lib}"],
-             "linking the cuBLAS extension")
-        os.replace(object_tmp, object_path)
-        os.replace(shared_tmp, shared_path)
-    finally:
-        for leftover in (object_tmp, shared_tmp):
-            leftover.unlink(missing_ok=True)
+    # The host compiler links: nvcc refuses a versioned library (libcublas.so.13) as input.
+    build_atomically(
+        object_path, shared_path,
+        lambda obj: ([nvcc, "-std=c++17", "-O2", "-Xcompiler", "-fPIC", "-c", str(CUBLAS_SOURCE),
+                      f"-I{ffi_include}", f"-I{cublas_include}", "-o", str(obj)],
+                     "compiling cublas_ext.cu"),
+        lambda obj, shared: ([find_cxx(), "-shared", "-o", str(shared), str(obj),
+                              str(cublas_library), str(ffi_library), f"-L{cuda_lib}", "-lcudart",
+                              f"-Wl,-rpath,{cublas_library.parent}",
+                              f"-Wl,-rpath,{ffi_library.parent}", f"-Wl,-rpath,{cuda_lib}"],
+                             "linking the cuBLAS extension"))
     return shared_path
