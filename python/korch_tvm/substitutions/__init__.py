@@ -1,0 +1,1 @@
+"""Primitive-graph substitutions (Korch's TASO-style optimizer), offered as alternatives."""
