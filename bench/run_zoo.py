@@ -4,6 +4,7 @@
     .venv/bin/python bench/run_zoo.py --trials 0,256        # 0 trials, then 256 per compile
     .venv/bin/python bench/run_zoo.py --models resnet18,deit_tiny --repeat 10
     .venv/bin/python bench/run_zoo.py --aggregate-only      # rebuild zoo-<budget>.json/.md/.png
+    .venv/bin/python bench/run_zoo.py --no-warm --order category   # cheaper pass, see below
 
 The models come from bench/zoo/export.py (its manifest lists each model's export status). Each
 model runs in its own `korch-tvm bench` process into a fresh tuning log of its own, as a new
@@ -12,6 +13,12 @@ ONNX Runtime, then timed interleaved in one process with ONNX Runtime (and OpenV
 `korch-tvm bench` times it). Per model: bench/results/zoo-<budget>/<model>.json and .log.
 Aggregate: bench/results/zoo-<budget>.json, .md and .png. Every zoo model is a row: one that
 failed to export, compile or verify, or was not run, carries its reason.
+
+`--no-warm` halves the compiles: the cold libraries are timed and their compile times are the
+only ones reported; since `korch-tvm bench` verifies only warm compiles, the kept cold libraries
+are then verified against ONNX Runtime in a fresh process (bench/zoo/verify_kept.py), so every
+timed library is still checked. `--order category` runs one model of each category before a
+second of any, so a pass cut short by a deadline still covers every category.
 """
 
 from __future__ import annotations
@@ -52,6 +59,10 @@ def main(argv=None) -> int:
     parser.add_argument("--target", default="llvm")
     parser.add_argument("--aggregate-only", action="store_true")
     parser.add_argument("--note", default="", help="a line for the table's header (e.g. load)")
+    parser.add_argument("--no-warm", action="store_true",
+                        help="skip the warm re-compiles: time and verify the cold libraries")
+    parser.add_argument("--order", choices=("zoo", "category"), default="zoo",
+                        help="'category': one model of each category first, then the next")
     parser.add_argument("--code", metavar="COMMIT", default=None,
                         help="bench the python/ of this commit (extracted under the logs root) "
                              "instead of the working tree, which others may be editing")
@@ -67,6 +78,8 @@ def main(argv=None) -> int:
     if unknown:
         parser.error(f"unknown zoo model(s) {unknown}; see bench/zoo/registry.py")
     names = [name for name in names if name not in set(args.skip.split(","))]
+    if args.order == "category":
+        names = by_category(names)
     manifest = read_manifest(args.models_dir)
     for budget in [int(text) for text in args.trials.split(",")]:
         per_model_dir = os.path.join(args.out, f"zoo-{budget}")
@@ -77,6 +90,18 @@ def main(argv=None) -> int:
                     run_model(name, budget, args, per_model_dir, code)
         aggregate(per_model_dir, budget, manifest, args)
     return 0
+
+
+def by_category(names: list[str]) -> list[str]:
+    """`names` reordered round-robin over the zoo's categories (zoo order within each)."""
+    queues: dict[str, list[str]] = {}
+    for entry in ZOO:
+        if entry.name in names:
+            queues.setdefault(entry.category, []).append(entry.name)
+    ordered = []
+    while any(queues.values()):
+        ordered += [queue.pop(0) for queue in queues.values() if queue]
+    return ordered
 
 
 def _git(*arguments: str) -> str:
@@ -123,31 +148,35 @@ def run_model(name: str, budget: int, args, per_model_dir: str, code: dict) -> N
     failed_json = os.path.join(per_model_dir, f"{name}.failed.json")
     log_path = os.path.join(per_model_dir, f"{name}.log")
     tuning_logs = os.path.join(args.tuning_logs, str(budget), name)
+    reports = os.path.join(args.tuning_logs, str(budget), f"{name}.reports")
+    model = os.path.join(args.models_dir, f"{name}.onnx")
     command = [os.path.join(os.path.dirname(sys.executable), "korch-tvm"), "bench",
-               os.path.join(args.models_dir, f"{name}.onnx"), "--target", args.target,
+               model, "--target", args.target,
                "--trials", str(budget), "--tuning-logs", tuning_logs, "--json", out_json,
-               "--repeat", str(args.repeat), "--no-memory", "--no-plot"]
+               "--repeat", str(args.repeat), "--no-memory", "--no-plot", "--reports-dir", reports]
+    if args.no_warm:
+        command.append("--no-warm")
     for stale in (out_json, failed_json):
         if os.path.exists(stale):
             os.remove(stale)
-    shutil.rmtree(tuning_logs, ignore_errors=True)  # fresh, as a new user's first compile
+    for directory in (tuning_logs, reports):  # fresh, as a new user's first compile
+        shutil.rmtree(directory, ignore_errors=True)
     print(f"[zoo] {name} ({budget} trials) ...", flush=True)
     load_before = os.getloadavg()[0]
     started = time.perf_counter()
-    try:
-        with open(log_path, "w", encoding="utf-8") as log:
-            process = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT,
-                                     timeout=args.model_timeout)
-        reason = None if process.returncode == 0 else failure_reason(log_path, process.returncode)
-    except subprocess.TimeoutExpired:
-        reason = f"timed out after {args.model_timeout:.0f} s (see {os.path.basename(log_path)})"
-    seconds = round(time.perf_counter() - started, 1)
-    extra = {"zoo_seconds": seconds, "zoo_code": code, "load_before": round(load_before, 2),
-             "load_after": round(os.getloadavg()[0], 2),
-             "command": " ".join(os.path.relpath(c, ROOT) if c.startswith(ROOT) else c
-                                 for c in command)}
+    reason = run_logged(command, log_path, args.model_timeout, "w")
     if reason is None and not os.path.exists(out_json):
         reason = "korch-tvm bench exited 0 but wrote no JSON"
+    verification = None
+    if reason is None and args.no_warm:
+        verification, reason = verify_cold(name, model, reports, log_path,
+                                           args.model_timeout - (time.perf_counter() - started))
+    seconds = round(time.perf_counter() - started, 1)
+    extra = {"zoo_seconds": seconds, "zoo_code": code, "load_before": round(load_before, 2),
+             "load_after": round(os.getloadavg()[0], 2), "zoo_verification": verification,
+             "zoo_library": kept_library_use(reports, name),
+             "command": " ".join(os.path.relpath(c, ROOT) if c.startswith(ROOT) else c
+                                 for c in command)}
     if reason is not None:
         write_json(failed_json, {"model": name, "reason": reason, **extra})
         print(f"[zoo] {name} FAILED in {seconds:.0f} s: {reason}", flush=True)
@@ -156,6 +185,47 @@ def run_model(name: str, budget: int, args, per_model_dir: str, code: dict) -> N
         result = json.load(handle)
     write_json(out_json, {**result, **extra})
     print(f"[zoo] {name} done in {seconds:.0f} s", flush=True)
+
+
+def run_logged(command: list[str], log_path: str, timeout: float, mode: str) -> str | None:
+    """Run `command` with its output into `log_path`; None, or why it failed (one line)."""
+    try:
+        with open(log_path, mode, encoding="utf-8") as log:
+            log.flush()
+            process = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT,
+                                     timeout=max(timeout, 1))
+    except subprocess.TimeoutExpired:
+        return f"timed out after {timeout:.0f} s (see {os.path.basename(log_path)})"
+    return None if process.returncode == 0 else failure_reason(log_path, process.returncode)
+
+
+def verify_cold(name: str, model: str, reports: str, log_path: str, timeout: float):
+    """Verify the cold libraries `korch-tvm bench --no-warm` timed (bench/zoo/verify_kept.py);
+    (the per-library verification, None or the failure's reason)."""
+    stem = os.path.splitext(os.path.basename(model))[0]
+    out = os.path.join(reports, "verification.json")
+    command = [sys.executable, os.path.join(HERE, "zoo", "verify_kept.py"), model, out,
+               *[f"{path}={os.path.join(reports, f'{stem}.{path}.cold.so')}"
+                 for path in ("stock", "korch")]]
+    reason = run_logged(command, log_path, timeout, "a")
+    verification = _load(out)
+    if reason is not None:
+        failed = {path: entry for path, entry in (verification or {}).items()
+                  if not entry.get("passed")}
+        reason = f"verification of the timed (cold) libraries failed: {failed or reason}"
+    return verification, (reason if len(reason or "") <= 400 else reason[:397] + "...")
+
+
+def kept_library_use(reports: str, name: str) -> dict | None:
+    """How many of Korch's kernels (cold compile) are library (OpenBLAS) calls, from its kept
+    compile report; None when the report is missing."""
+    report = _load(os.path.join(reports, f"{name}.korch.cold.json"))
+    if report is None:
+        return None
+    plan = report.get("plan") or {}
+    return {"library_kernels": plan.get("library_kernels"),
+            "kernels": len(plan.get("kernels") or []),
+            "functions": sorted(map(str, report.get("library_calls") or []))}
 
 
 _ERROR_LINE = re.compile(r"(error|Error|Exception|Traceback|Killed|Segmentation)")
@@ -186,7 +256,9 @@ def aggregate(per_model_dir: str, budget: int, manifest: dict, args) -> dict:
             row = {"status": "ok", **zoo_row(result)}
         elif failure is not None:
             row = {"status": "failed", "reason": failure["reason"],
-                   "zoo_seconds": failure.get("zoo_seconds"), "code": failure.get("zoo_code")}
+                   "zoo_seconds": failure.get("zoo_seconds"), "code": failure.get("zoo_code"),
+                   "load": [failure.get("load_before"), failure.get("load_after")],
+                   "command": failure.get("command")}
         elif exported is None:
             row = {"status": "not exported", "reason": "no row in the export manifest "
                    "(run bench/zoo/export.py)"}
@@ -234,7 +306,9 @@ def zoo_row(result: dict) -> dict:
     for column, key in (("stock", "korch_vs_stock"), ("ort", "korch_vs_onnxruntime"),
                         ("openvino", "korch_vs_openvino")):
         row[f"korch_vs_{column}"], verdicts[column] = _ratio(ratios, key)
-    verification = compiles["korch"][timed].get("verification") or {}
+    # the compile's own check (warm compiles), else verify_kept.py's of the timed cold library
+    verification = (compiles["korch"][timed].get("verification")
+                    or (result.get("zoo_verification") or {}).get("korch") or {})
     return {
         "stock_ms": latency["stock"]["median"], "korch_ms": korch_ms,
         "ort_ms": (latency.get("onnxruntime") or {}).get("median"),
@@ -248,6 +322,9 @@ def zoo_row(result: dict) -> dict:
         "korch_modelled_ms": modelled,
         "modelled_over_measured": modelled / korch_ms if modelled else None,
         "verification_rel_error": verification.get("max_rel_error"),
+        "verification_passed": verification.get("passed"),
+        "timed_libraries": timed, "library": result.get("zoo_library"),
+        "repeat": (result.get("protocol") or {}).get("repeat"),
         "kernels_chosen": (result.get("korch_plan") or {}).get("kernels_chosen"),
         "trials_run_cold": {path: compiles[path]["cold"]["trials_run"]
                             for path in ("stock", "korch")},

@@ -45,8 +45,57 @@ def summarize(rows: list[dict], budget: int, code: dict, note: str = "") -> dict
             abs((row.get("modelled_over_measured") or math.inf) - 1.0) <= 0.2 for row in ran),
         "lowest_korch_vs_ort": min((row["korch_vs_ort"] for row in ran
                                     if row.get("korch_vs_ort")), default=None),
+        "lowest": {key: lowest(ran, key) for key in ("korch_vs_ort", "korch_vs_openvino")},
+        "timed_libraries": sorted({row.get("timed_libraries") or "warm" for row in ran}),
+        "targets": targets(ran, budget),
         "models": rows,
     }
+
+
+def lowest(ran: list[dict], key: str, count: int = 3) -> list[list]:
+    """The `count` models with the lowest `key` ratio, [[model, ratio], ...]."""
+    rated = sorted((row[key], row["model"]) for row in ran if row.get(key))
+    return [[model, round(ratio, 3)] for ratio, model in rated[:count]]
+
+
+def targets(ran: list[dict], budget: int) -> list[dict]:
+    """Issue #30's targets for this budget: each with the measured value and met or not."""
+    if budget != 0 or not ran:
+        return []
+    ort = geomean(row.get("korch_vs_ort") for row in ran)
+    openvino = geomean(row.get("korch_vs_openvino") for row in ran)
+    below = sorted(row["model"] for row in ran if (row.get("korch_vs_ort") or 0) < 0.8)
+    worst_ort = min((row["korch_vs_ort"] for row in ran if row.get("korch_vs_ort")),
+                    default=None)
+    off = [row for row in ran
+           if abs((row.get("modelled_over_measured") or math.inf) - 1.0) > 0.2]
+    compiles = [row["compile_cold_s"]["korch"] for row in ran
+                if (row.get("compile_cold_s") or {}).get("korch") is not None]
+    slow = [row["model"] for row in ran
+            if ((row.get("compile_cold_s") or {}).get("korch") or 0) > 120]
+    return [
+        {"target": "Korch >= 1.0x ONNX Runtime, geomean", "value": ort,
+         "met": ort is not None and ort >= 1.0,
+         "gap": "not measured" if ort is None else f"{ort:.2f}x, {(1.0 - ort) * 100:.0f} % short"
+         if ort < 1.0 else f"{ort:.2f}x"},
+        {"target": "no model below 0.8x ONNX Runtime", "value": worst_ort, "met": not below,
+         "gap": f"{len(below)} of {len(ran)} below (lowest {_num(worst_ort, 2, 'x')}): "
+                f"{', '.join(below)}" if below else "none below"},
+        {"target": "Korch >= 0.9x OpenVINO, geomean", "value": openvino,
+         "met": openvino is not None and openvino >= 0.9,
+         "gap": "not timed" if openvino is None else f"{openvino:.2f}x, "
+         f"{(0.9 - openvino) / 0.9 * 100:.0f} % short" if openvino < 0.9 else f"{openvino:.2f}x"},
+        {"target": "modelled latency within 20 % of measured on every model",
+         "value": len(ran) - len(off), "met": not off,
+         "gap": f"{len(ran) - len(off)} of {len(ran)} within; off: " + ", ".join(
+             f"{row['model']} {_num(row.get('modelled_over_measured'), 2, 'x')}" for row in off)
+         if off else f"all {len(ran)} within"},
+        {"target": "Korch compile at 0 trials <= 120 s per model (cold, fresh log)",
+         "value": max(compiles, default=None), "met": not slow,
+         "gap": f"{len(slow)} of {len(ran)} over (max {_num(max(compiles, default=None), 0)} s, "
+                f"median {_num(sorted(compiles)[len(compiles) // 2] if compiles else None, 0)} "
+                "s; on a shared, loaded machine)" if slow else "all within"},
+    ]
 
 
 def _num(value, digits=2, suffix="") -> str:
@@ -80,21 +129,35 @@ def _ratio(row: dict, key: str, verdict: str) -> str:
     return ("≈" if row["verdicts"].get(verdict) == "within noise" else "") + f"{value:.2f}×"
 
 
+def _library(row: dict) -> str:
+    use = row.get("library") or {}
+    if use.get("library_kernels") is None:
+        return "–"
+    return f"{use['library_kernels']} of {use.get('kernels')}"
+
+
+def _load_cell(row: dict) -> str:
+    load = row.get("load") or [None, None]
+    return f"{_num(load[0], 1)} / {_num(load[1], 1)}"
+
+
 def _line(row: dict) -> str:
     head = f"| {row['model']} | {row['category']} | {row['status']} "
     if row["status"] != "ok":
-        return head + "| " + " | ".join(["–"] * 11) + f" | {_cell(row.get('reason') or '')} |"
+        return (head + "| " + " | ".join(["–"] * 11) + f" | {_load_cell(row)} "
+                f"| {_cell(row.get('reason') or '')} |")
     cold, warm = row["compile_cold_s"], row["compile_warm_s"]
+    rewarm = "" if warm.get("korch") is None else \
+        f" (warm {_num(warm['stock'], 0)} / {_num(warm['korch'], 0)})"
     return head + (
-        f"| {_num(cold['stock'], 0)} / {_num(cold['korch'], 0)} "
-        f"(warm {_num(warm['stock'], 0)} / {_num(warm['korch'], 0)}) "
+        f"| {_num(cold['stock'], 0)} / {_num(cold['korch'], 0)}{rewarm} "
         f"| {_num(row['stock_ms'], 2)} | {_num(row['korch_ms'], 2)} "
         f"| {_num(row['ort_ms'], 2)} | {_num(row['openvino_ms'], 2)} "
         f"| {_ratio(row, 'korch_vs_stock', 'stock')} | {_ratio(row, 'korch_vs_ort', 'ort')} "
         f"| {_ratio(row, 'korch_vs_openvino', 'openvino')} "
         f"| {_modelled(row)} "
-        f"| {_sci(row['verification_rel_error'])} "
-        f"| {_num(row['load'][0], 1)} / {_num(row['load'][1], 1)} | |")
+        f"| {_sci(row['verification_rel_error'])} | {_library(row)} "
+        f"| {_load_cell(row)} | |")
 
 
 def markdown(summary: dict) -> str:
@@ -112,16 +175,15 @@ def markdown(summary: dict) -> str:
            f"{'; '.join(summary['code_benched']) or '–'} (HEAD when aggregated: "
            f"{code.get('head_when_aggregated')}). Runs: "
            f"{', '.join(summary['dates']) or 'none'}; aggregated {summary['aggregated']}. "
-           "Each model: its own fresh tuning log, stock and Korch compiled cold then warm "
-           "(the warm compile verified against ONNX Runtime), timed interleaved in one "
-           "process (bench/run_zoo.py).",
+           "Each model: its own fresh tuning log, " + _protocol(summary) + ", timed "
+           "interleaved in one process with ONNX Runtime and OpenVINO (bench/run_zoo.py).",
            "", NOISE_NOTE, ""]
     if summary.get("note"):
         out += [summary["note"], ""]
     out += ["| model | category | status | compile s cold, stock / Korch | stock ms | Korch ms "
             "| ORT ms | OpenVINO ms | Korch/stock | Korch/ORT | Korch/OpenVINO "
-            "| Korch modelled ms (/ measured) | verify rel err | load before / after "
-            "| reason |", "|" + "---|" * 15]
+            "| Korch modelled ms (/ measured) | verify rel err | Korch library kernels "
+            "| load before / after | reason |", "|" + "---|" * 16]
     out += [_line(row) for row in summary["models"]]
     counts = ", ".join(f"{n} {status}" for status, n in summary["counts"].items())
     out += ["", f"Rows: {counts}. Geomean over the rows that ran: Korch/stock "
@@ -130,8 +192,36 @@ def markdown(summary: dict) -> str:
             f"{_num(summary['lowest_korch_vs_ort'], 2, '×')}), Korch/OpenVINO "
             f"**{_num(geo['korch_vs_openvino'], 2, '×')}**; Korch's modelled latency within 20 % "
             f"of its measured on {summary['modelled_within_20_percent']} of {len(ran)}. Ratios are speed-ups (> 1: "
-            "Korch faster), from medians of paired per-round ratios.", ""]
+            "Korch faster), from medians of paired per-round ratios. Lowest Korch/ORT: "
+            f"{_lowest(summary, 'korch_vs_ort')}; lowest Korch/OpenVINO: "
+            f"{_lowest(summary, 'korch_vs_openvino')}.", ""]
+    if summary.get("targets"):
+        out += [f"Issue #30's {summary['budget_trials_per_compile']}-trial targets, over the "
+                f"{len(ran)} rows that ran:", ""]
+        out += [f"- {entry['target']}: **{'met' if entry['met'] else 'missed'}** "
+                f"({entry['gap']})" for entry in summary["targets"]]
+        out += ["- the tuned targets (<= 20 min per model: >= 1.15x OpenVINO geomean, none "
+                "below 0.9x) are not measured by a 0-trial pass.", ""]
     return "\n".join(out) + "\n"
+
+
+def _lowest(summary: dict, key: str) -> str:
+    pairs = (summary.get("lowest") or {}).get(key) or []
+    return ", ".join(f"{model} {ratio:.2f}×" for model, ratio in pairs) or "–"
+
+
+def _protocol(summary: dict) -> str:
+    """How the timed libraries were compiled and verified, from the rows' own records."""
+    timed = summary.get("timed_libraries") or ["warm"]
+    parts = []
+    if "warm" in timed:
+        parts.append("stock and Korch compiled cold then warm (the warm libraries timed, the "
+                     "warm compile verified against ONNX Runtime)")
+    if "cold" in timed:
+        parts.append("stock and Korch compiled once, cold (no warm re-compile; the cold "
+                     "libraries timed, and each verified against ONNX Runtime in a fresh "
+                     "process by bench/zoo/verify_kept.py)")
+    return "; or ".join(parts)
 
 
 def plot(summary: dict, path: str) -> bool:

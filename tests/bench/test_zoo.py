@@ -95,6 +95,12 @@ def test_aggregate_has_a_row_for_every_model_and_geomeans_only_what_ran(tmp_path
         _bench_result([4.0, 4.0, 4.0], [2.0, 2.0, 2.0], [1.0, 1.0, 1.0], [3.0, 3.0, 3.0])))
     unmeasured = _bench_result([8.0, 8.0, 8.0], [2.0, 2.0, 2.0], [4.0, 4.0, 4.0])
     unmeasured["korch_plan"]["modelled_ms"] = float("inf")
+    # a --no-warm row: cold compiles only, verified afterwards by verify_kept.py
+    for path in ("stock", "korch"):
+        unmeasured["compile"][path] = {"cold": {"compile_seconds": 20.0, "trials_run": 0,
+                                                "verification": None}}
+    unmeasured["zoo_verification"] = {"korch": {"max_rel_error": 3e-7, "passed": True}}
+    unmeasured["zoo_library"] = {"library_kernels": 2, "kernels": 9, "functions": ["k.gemm"]}
     (per_model / "deit_tiny.json").write_text(json.dumps(unmeasured))
     (per_model / "bert_2layer.failed.json").write_text(json.dumps(
         {"model": "bert_2layer", "reason": "korch-tvm: error: output 0 differs | a"}))
@@ -120,14 +126,36 @@ def test_aggregate_has_a_row_for_every_model_and_geomeans_only_what_ran(tmp_path
     assert table.count("korch-tvm: error: output 0 differs \\| a |") == 1  # '|' escaped
     assert "RuntimeError: no export" in table
     assert "| resnet18 | classic CNN | ok | 30 / 30 (warm 30 / 30) | 4.00 | 2.00 | 1.00 | 3.00 | 2.00× | 0.50× | 1.50× |" in table
+    assert "| deit_tiny | ViT / DeiT attention | ok | 20 / 20 | 8.00 |" in table
+    assert "| 3.0e-07 | 2 of 9 | 3.0 / 4.0 | |" in table
+    deit = next(row for row in summary["models"] if row["model"] == "deit_tiny")
+    assert deit["timed_libraries"] == "cold" and deit["verification_passed"] is True
+    assert "each verified against ONNX Runtime in a fresh process" in table
+    assert "- no model below 0.8x ONNX Runtime: **missed** (1 of 2 below (lowest 0.50x): " \
+           "resnet18)" in table
+    assert "- Korch >= 1.0x ONNX Runtime, geomean: **met** (1.00x)" in table
+    assert "- Korch >= 0.9x OpenVINO, geomean: **met** (1.50x)" in table
+    assert "Lowest Korch/ORT: resnet18 0.50×, deit_tiny 2.00×" in table
     assert "| 1.50 (0.75×) |" in table and "| inf (a cost was never measured) |" in table
     assert "within 20 % of its measured on 0 of 2" in table
     assert "load 3-4" in table and "shared 2-core machine" in table
     rows = [line for line in table.splitlines() if line.startswith("| ")][1:]
     assert len(rows) == len(registry.ZOO)
-    assert all(len(re.split(r"(?<!\\)\|", line)) == 17 for line in rows)  # 15 cells each
+    assert all(len(re.split(r"(?<!\\)\|", line)) == 18 for line in rows)  # 16 cells each
     assert json.loads((tmp_path / "zoo-0.json").read_text())["counts"]["not run"] == 20
     assert os.path.exists(tmp_path / "zoo-0.png") or not _has_matplotlib()
+
+
+def test_category_order_runs_one_model_of_each_category_first():
+    names = [entry.name for entry in registry.ZOO]
+    ordered = run_zoo.by_category(names)
+    assert sorted(ordered) == sorted(names)
+    categories = len({entry.category for entry in registry.ZOO})
+    first = [registry.BY_NAME[name].category for name in ordered[:categories]]
+    assert len(set(first)) == categories
+    assert ordered[0] == "resnet18" and ordered[categories] == "resnet50"
+    assert run_zoo.by_category(["resnet50", "deit_tiny", "resnet18"]) == [
+        "resnet18", "deit_tiny", "resnet50"]
 
 
 def _has_matplotlib() -> bool:
@@ -136,3 +164,47 @@ def _has_matplotlib() -> bool:
     except ImportError:
         return False
     return True
+
+
+def _onnx_model(path, op):
+    """A one-node float32 model y = op(x), x of shape 2x3."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph([helper.make_node(op, ["x"], ["y"])], "tiny",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    onnx.save(model, str(path))
+    return model
+
+
+def _library(model, path):
+    import tvm
+    from tvm.relax.frontend.onnx import from_onnx
+
+    tvm.compile(from_onnx(model), target="llvm").export_library(str(path))
+    return str(path)
+
+
+def test_verify_kept_passes_the_right_library_and_fails_a_wrong_or_missing_one(tmp_path):
+    sys.path.insert(0, str(REPO / "bench" / "zoo"))
+    import verify_kept
+
+    relu = _onnx_model(tmp_path / "relu.onnx", "Relu")
+    right = _library(relu, tmp_path / "relu.so")
+    wrong = _library(_onnx_model(tmp_path / "neg.onnx", "Neg"), tmp_path / "neg.so")
+    out = tmp_path / "verification.json"
+
+    code = verify_kept.main([str(tmp_path / "relu.onnx"), str(out), f"stock={right}"])
+    assert code == 0
+    assert json.loads(out.read_text())["stock"]["passed"] is True
+    assert json.loads(out.read_text())["stock"]["max_rel_error"] == 0.0
+
+    code = verify_kept.main([str(tmp_path / "relu.onnx"), str(out), f"stock={right}",
+                             f"korch={wrong}", f"other={tmp_path / 'absent.so'}"])
+    results = json.loads(out.read_text())
+    assert code == 1
+    assert results["stock"]["passed"] is True
+    assert results["korch"]["passed"] is False and results["korch"]["max_rel_error"] > 0.5
+    assert results["other"]["passed"] is False and "absent.so" in results["other"]["error"]
