@@ -15,6 +15,10 @@ so no valid candidate is lost. ``max_outputs`` and the ``accept`` hook are not m
 filter what is emitted. TVM's stock FuseOps groups are always added (marked ``is_stock``), even
 where they break the rules, so the stock plan is always feasible.
 
+With alternatives offered (graph/alternatives.py), a set holding both a replaced node and a node
+of its alternative would compute one tensor twice and is not a candidate; an offered node is
+always an output of its candidates (the readers of the tensor it stands for are elsewhere).
+
 Default ``max_kernel_size`` (8): the candidates per primitive grow quickly past it, and every
 candidate is a kernel to cost, so the count, not the enumeration, is what matters; the largest
 stock groups are added whole regardless of the cap.
@@ -27,6 +31,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Callable, Iterable
 
+from ..graph.alternatives import class_map, counts_as_reader, mixes_a_site, site_of_node
 from ..graph.primitive_graph import PrimitiveGraph
 
 
@@ -77,13 +82,16 @@ def enumerate_candidates(graph: PrimitiveGraph, rules: KernelRules = KernelRules
     with _recursion_depth(rules.max_kernel_size + 100):  # _grow recurses once per member
         _grow_from_every_root(graph, rules, found, n, allowed, growable, opaque, linear, reduce,
                               prologue_of)
-    candidates = {mask: _candidate(graph, mask, False) for mask in found}
+    offered = graph.mask(class_map(graph.alternatives))
+    site_of = site_of_node(graph.alternatives)
+    candidates = {mask: _candidate(graph, mask, False, offered, site_of) for mask in found}
     for group in graph.stock_fusion_groups():
         mask = graph.mask(group)
         if mask & allowed == mask:
-            candidates[mask] = _candidate(graph, mask, True)
+            candidates[mask] = _candidate(graph, mask, True, offered, site_of)
     return [c for mask, c in sorted(candidates.items(), key=lambda kv: _order(kv[0]))
-            if c.is_stock or _obeys_filters(graph, rules, c)]
+            if c.is_stock or (_obeys_filters(graph, rules, c)
+                              and not mixes_a_site(c.nodes, graph.alternatives))]
 
 
 @contextmanager
@@ -154,14 +162,22 @@ def _has_prologue(linear_members: int, hull: int, prologue_of: dict[int, int]) -
     return False
 
 
-def _candidate(graph: PrimitiveGraph, mask: int, is_stock: bool) -> Candidate:
+def _candidate(graph: PrimitiveGraph, mask: int, is_stock: bool, offered: int = 0,
+               site_of: dict | None = None) -> Candidate:
+    """`offered`: the nodes an alternative offers in place of an original (graph/alternatives.py);
+    nothing reads them in the graph, yet each is an output, read by the original's readers.
+    `site_of`: which alternative each node belongs to; only readers of a node's own program
+    make it an output (`counts_as_reader`)."""
+    site_of = site_of or {}
     nodes = [i for i in range(mask.bit_length()) if mask >> i & 1]
     inputs, outputs, names = set(), set(), set()
     for i in nodes:
         node = graph.nodes[i]
         inputs.update(p for p in node.inputs if not mask >> p & 1)
         names.update(node.graph_inputs)
-        if graph.output_mask >> i & 1 or any(not mask >> c & 1 for c in node.consumers):
+        if (graph.output_mask | offered) >> i & 1 \
+                or any(not mask >> c & 1 and counts_as_reader(i, c, site_of)
+                       for c in node.consumers):
             outputs.add(i)
     return Candidate(frozenset(nodes), frozenset(inputs), frozenset(names), frozenset(outputs),
                      is_stock)

@@ -17,13 +17,23 @@ What a cut costs: no kernel spans it, so every tensor crossing it is written to 
 piece and read by the next, fusions across it (an epilogue of one block into the next) are lost,
 and a primitive before the cut cannot be recomputed inside a kernel after it. Narrow cuts keep
 this loss small; with no cut (``max_nodes`` >= graph size) the whole graph is one piece.
+
+Alternatives (graph/alternatives.py) are no stock groups: the pieces are cut from the model's
+own nodes, and each alternative then joins the piece that holds every node it replaces, so
+only that piece's program grows. The piece stays convex: nothing reads an alternative's nodes
+outside it, and what it reads comes from that piece or earlier ones. An alternative whose
+replaced nodes straddle a cut, or that reads a later piece, is left out (never offered).
 """
 
 from __future__ import annotations
 
 
+import logging
+
 from ..graph.primitive_graph import PrimitiveGraph
 from ..support.toposort import ordered_topologically
+
+logger = logging.getLogger("korch_tvm.candidates")
 
 
 def partition_graph(graph: PrimitiveGraph, max_nodes: int) -> list[frozenset[int]]:
@@ -56,7 +66,27 @@ def partition_graph(graph: PrimitiveGraph, max_nodes: int) -> list[frozenset[int
         start = start_of[end]
         pieces.append(frozenset(node for unit in units[start:end] for node in unit))
         end = start
-    return pieces[::-1]
+    return _with_alternatives(graph, pieces[::-1])
+
+
+def _with_alternatives(graph: PrimitiveGraph, pieces: list[frozenset[int]]
+                       ) -> list[frozenset[int]]:
+    """Each alternative's nodes added to the piece of its replaced nodes (see the module
+    docstring); those that fit no single piece are dropped, with a line saying so."""
+    if not graph.alternatives:
+        return pieces
+    piece_of = {node: k for k, piece in enumerate(pieces) for node in piece}
+    grown = [set(piece) for piece in pieces]
+    for site in graph.alternatives:
+        homes = {piece_of.get(node) for node in site.replaced}
+        reads = {piece_of.get(p) for node in site.nodes for p in graph.nodes[node].inputs
+                 if p not in site.nodes}
+        if len(homes) != 1 or None in homes or None in reads or max(reads, default=-1) > min(homes):
+            logger.info("substitution %s at %s left out: it does not fit one piece", site.rule,
+                        graph.nodes[site.replaced[0]].name)
+            continue
+        grown[homes.pop()] |= site.nodes
+    return [frozenset(piece) for piece in grown]
 
 
 def _ordered_units(graph: PrimitiveGraph) -> list[frozenset[int]]:
@@ -74,9 +104,10 @@ def _cut_widths(graph: PrimitiveGraph, units, position) -> list[int]:
     """widths[p]: tensors crossing the cut before unit p (difference array over positions)."""
     delta = [0] * (len(units) + 2)
     for node in graph.nodes:
-        if not node.consumers:
-            continue
-        first, last = position[node.index], max(position[c] for c in node.consumers)
+        consumers = [position[c] for c in node.consumers if c in position]
+        if not consumers or node.index not in position:
+            continue  # no reader, or an alternative's node (not in any unit)
+        first, last = position[node.index], max(consumers)
         if last > first:
             delta[first + 1] += 1
             delta[last + 1] -= 1

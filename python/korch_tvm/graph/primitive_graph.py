@@ -22,6 +22,7 @@ attribute of the node that reads it. Nodes are numbered in binding order, a topo
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from dataclasses import dataclass, field
@@ -33,6 +34,7 @@ from tvm import relax
 from ..errors import KorchError
 from ..lowering.fast_math import legalize_ops
 from ..lowering.primitive_kinds import op_kind
+from .alternatives import AlternativeSite, alternative_nodes
 
 CALL_TIR = tvm.ir.Op.get("relax.call_tir")
 NODE_ATTR = "korch_node"
@@ -94,6 +96,8 @@ class PrimitiveGraph:
     descendants: tuple[int, ...] = field(repr=False, default=())
     legalized: tvm.IRModule | None = field(repr=False, default=None, compare=False)
     func_name: str = "main"
+    # alternatives offered beside the originals (graph/alternatives.py); () without any
+    alternatives: tuple[AlternativeSite, ...] = ()
 
     # ----------------------------------------------------------------- construction
     @staticmethod
@@ -116,10 +120,12 @@ class PrimitiveGraph:
         return _finish(nodes, (), outputs, None, "main")
 
     @staticmethod
-    def from_module(mod: tvm.IRModule, func_name: str = "main", *,
-                    fast_math: bool = True) -> "PrimitiveGraph":
+    def from_module(mod: tvm.IRModule, func_name: str = "main", *, fast_math: bool = True,
+                    offered_sites: Sequence = ()) -> "PrimitiveGraph":
         """Build the graph of `func_name`, which must be one dataflow block of primitive ops;
-        `fast_math` picks the legalization of exp/sigmoid/tanh/erf (see lowering/fast_math.py)."""
+        `fast_math` picks the legalization of exp/sigmoid/tanh/erf (see lowering/fast_math.py).
+        `offered_sites` (substitutions/offer.py) name the bindings of alternatives inlined into
+        `mod`: nothing reads them, yet they stay nodes, recorded as `alternatives`."""
         if func_name not in [gv.name_hint for gv in mod.get_global_vars()]:
             raise KorchError(f"the module has no function {func_name!r}; pass func_name=")
         func = mod[func_name]
@@ -131,8 +137,11 @@ class PrimitiveGraph:
                      if isinstance(b.value, relax.Call) and isinstance(b.value.op, tvm.ir.Op)}
         legal = tvm.transform.Sequential([legalize_ops(fast_math),
                                           relax.transform.AnnotateTIROpPattern()])(mod)
-        legal = _uniquify_callees(legal, func_name)
-        return _read_legalized(legal, func_name, relax_ops)
+        legal = _uniquify_callees(legal, func_name, keep_unread=bool(offered_sites))
+        graph = _read_legalized(legal, func_name, relax_ops)
+        if not offered_sites:
+            return graph
+        return dataclasses.replace(graph, alternatives=_sites_as_nodes(graph, offered_sites))
 
     # ----------------------------------------------------------------- queries
     def __len__(self) -> int:
@@ -182,7 +191,7 @@ class PrimitiveGraph:
     def _stock_groups(self) -> tuple[frozenset[int], ...]:
         if self.legalized is None:
             return tuple(frozenset([n.index]) for n in self.nodes)
-        fused = relax.transform.FuseOps()(self.legalized)
+        fused = relax.transform.FuseOps()(_without_alternatives(self))
         node_at = {p: n.index for n in self.nodes for p in n.bindings}
         groups, seen = [], set()
         for binding in fused[self.func_name].body.blocks[0].bindings:
@@ -204,7 +213,9 @@ class PrimitiveGraph:
             if group:
                 groups.append(frozenset(group))
                 seen |= group
-        groups += [frozenset([n.index]) for n in self.nodes if n.index not in seen]
+        offered = alternative_nodes(self.alternatives)
+        groups += [frozenset([n.index]) for n in self.nodes
+                   if n.index not in seen and n.index not in offered]
         return tuple(sorted(groups, key=min))
 
 
@@ -220,8 +231,11 @@ def _node_ids_of_calls(mod: tvm.IRModule, calls, node_at: dict) -> set[int]:
     return {node_at[int(mod[call.args[0]].attrs[NODE_ATTR])] for call in calls}
 
 
-def _uniquify_callees(mod: tvm.IRModule, func_name: str) -> tvm.IRModule:
-    """Give every call_tir binding its own PrimFunc copy, tagged with its binding position."""
+def _uniquify_callees(mod: tvm.IRModule, func_name: str, keep_unread: bool = False
+                      ) -> tvm.IRModule:
+    """Give every call_tir binding its own PrimFunc copy, tagged with its binding position.
+    `keep_unread`: keep bindings nothing reads (offered alternatives), dropping only the
+    functions no longer called."""
     builder, func = relax.BlockBuilder(mod), mod[func_name]
     rebound = []
     for position, binding in enumerate(func.body.blocks[0].bindings):
@@ -234,7 +248,55 @@ def _uniquify_callees(mod: tvm.IRModule, func_name: str) -> tvm.IRModule:
     body = relax.SeqExpr([relax.DataflowBlock(rebound)], func.body.body)
     builder.update_func(mod.get_global_var(func_name),
                         relax.Function(func.params, body, func.ret_ty, func.is_pure, func.attrs))
+    if keep_unread:
+        return _without_uncalled_functions(builder.get(), func_name)
     return relax.transform.DeadCodeElimination([func_name])(builder.get())
+
+
+def _without_uncalled_functions(mod: tvm.IRModule, func_name: str) -> tvm.IRModule:
+    """`mod` keeping `func_name` and the functions reachable from it by calls."""
+    keep, frontier = set(), [mod.get_global_var(func_name)]
+    while frontier:
+        gvar = frontier.pop()
+        if gvar.name_hint in keep:
+            continue
+        keep.add(gvar.name_hint)
+        if isinstance(mod[gvar], relax.Function):
+            frontier += list(relax.analysis.all_global_vars(mod[gvar]))
+    return tvm.IRModule({gv: f for gv, f in mod.functions_items() if gv.name_hint in keep},
+                        attrs=mod.attrs)
+
+
+def _without_alternatives(graph: "PrimitiveGraph") -> tvm.IRModule:
+    """The legalized module with the alternatives' bindings dropped: what TVM's FuseOps sees
+    of the model itself (the stock plan never computes an alternative)."""
+    if not graph.alternatives:
+        return graph.legalized
+    dropped = {p for i in alternative_nodes(graph.alternatives) for p in graph.nodes[i].bindings}
+    func = graph.legalized[graph.func_name]
+    kept = [b for p, b in enumerate(func.body.blocks[0].bindings) if p not in dropped]
+    body = relax.SeqExpr([relax.DataflowBlock(kept)], func.body.body)
+    builder = relax.BlockBuilder(graph.legalized)
+    builder.update_func(graph.legalized.get_global_var(graph.func_name), relax.Function(
+        func.params, body, func.ret_ty, func.is_pure, func.attrs))
+    return builder.get()
+
+
+def _sites_as_nodes(graph: "PrimitiveGraph", offered_sites) -> tuple[AlternativeSite, ...]:
+    """Offered sites (vars of the module) as node ids of `graph`."""
+    func = graph.legalized[graph.func_name]
+    position_of = {b.var: p for p, b in enumerate(func.body.blocks[0].bindings)}
+    node_at = {p: n.index for n in graph.nodes for p in n.bindings}
+
+    def node_of(var):
+        node = node_at.get(position_of.get(var))
+        assert node is not None, f"{var.name} is no primitive of the legalized module"
+        return node
+
+    return tuple(AlternativeSite(site.rule, frozenset(node_of(v) for v in site.bound),
+                                 tuple(node_of(v) for v in site.replaces),
+                                 tuple(node_of(v) for v in site.offers))
+                 for site in offered_sites)
 
 
 def leaves(expr) -> list:

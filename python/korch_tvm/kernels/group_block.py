@@ -11,6 +11,7 @@ from typing import Iterable
 import tvm
 from tvm import relax
 
+from ..graph.alternatives import counts_as_reader, site_of_node
 from ..graph.primitive_graph import PrimitiveGraph, leaves
 
 
@@ -24,14 +25,21 @@ class BindingBlock:
         self.bindings = list(self.func.body.blocks[0].bindings)
         self.position_of = {b.var: p for p, b in enumerate(self.bindings)}
         self.readers = [set() for _ in self.bindings]
+        site_of = _site_of_position(graph)
         for position, binding in enumerate(self.bindings):
             for leaf in leaves(binding.value):
                 if isinstance(leaf, relax.Var) and leaf in self.position_of:
-                    self.readers[self.position_of[leaf]].add(position)
+                    read = self.position_of[leaf]
+                    if counts_as_reader(read, position, site_of):  # as candidates count them
+                        self.readers[read].add(position)
         returned = {x for x in leaves(self.func.body.body) if isinstance(x, relax.Var)}
         self.escapes = [not isinstance(b.var, relax.DataflowVar) or b.var in returned
                         for b in self.bindings]
         self.node_positions = {p for n in graph.nodes for p in n.bindings}
+        # an offered node (graph/alternatives.py) is read by its original's readers, which
+        # read the original's var: its value is always exported for them
+        self.offered = {graph.nodes[offer].bindings[0]: graph.nodes[original].bindings[0]
+                        for site in graph.alternatives for offer, original in site.equivalences}
 
     def members(self, nodes: Iterable[int]) -> list[int]:
         """The binding positions of the primitive ids `nodes`, in binding order."""
@@ -50,7 +58,14 @@ class BindingBlock:
     def exports(self, members: list[int]) -> list[int]:
         """The positions among `members` whose values are read outside them or escape main."""
         member_set = set(members)
-        return [p for p in members if self.escapes[p] or not self.readers[p] <= member_set]
+        return [p for p in members
+                if self.escapes[p] or p in self.offered or not self.readers[p] <= member_set]
+
+
+def _site_of_position(graph: PrimitiveGraph) -> dict[int, int]:
+    """Binding position -> the alternative its node belongs to (originals are absent)."""
+    return {p: k for node, k in site_of_node(graph.alternatives).items()
+            for p in graph.nodes[node].bindings}
 
 
 def remap(expr, mapping: dict):

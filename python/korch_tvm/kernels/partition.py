@@ -19,6 +19,10 @@ def build_partition_module(graph: PrimitiveGraph, groups: Sequence[Iterable[int]
     Every node must be in some group; opaque nodes must be alone; groups must be convex and
     their dependencies acyclic. A value read by a group that lacks its node comes from the first
     group exporting it (the first group containing it exports it if none does).
+
+    With alternatives (graph/alternatives.py) a node may be in no group: either nothing the
+    groups compute reads it, or it is a replaced node whose alternative's node is in a group,
+    and then its readers (and main's result) read that node's value instead.
     """
     block = BindingBlock(graph)
     groups = [sorted(set(g)) for g in groups]
@@ -30,11 +34,15 @@ def build_partition_module(graph: PrimitiveGraph, groups: Sequence[Iterable[int]
     for g, exported in enumerate(exports):
         for position in exported:
             source.setdefault(position, g)
+    aliases = _aliases(block, members, source)
     for group_inputs in inputs:
         for leaf in group_inputs:
             position = block.position_of.get(leaf)
             if position in block.node_positions and position not in source:
-                owner = next(h for h, m in enumerate(members) if position in m)
+                owner = next((h for h, m in enumerate(members) if position in m), None)
+                if owner is None:
+                    raise ValueError(f"{leaf.name} is read but no group computes it or an "
+                                     "equal tensor")
                 exports[owner] = sorted(exports[owner] + [position])
                 source[position] = owner
     for position in range(len(block.bindings)):  # escaping values need a source too
@@ -55,6 +63,10 @@ def build_partition_module(graph: PrimitiveGraph, groups: Sequence[Iterable[int]
             for kind, unit in order:
                 _emit_unit(main_builder, block, kind, unit, members, inputs, exports, source,
                            callees, mapping)
+                for original, offered in aliases.items():  # read the equal value instead
+                    if kind == "group" and source[original] == unit:
+                        mapping[block.bindings[original].var] = \
+                            mapping[block.bindings[offered].var]
             for position, binding in enumerate(block.bindings):
                 if position in block.node_positions and block.escapes[position]:
                     mapping[binding.var] = main_builder.emit_output(mapping[binding.var])
@@ -66,9 +78,21 @@ def build_partition_module(graph: PrimitiveGraph, groups: Sequence[Iterable[int]
     return relax.transform.DeadCodeElimination([graph.func_name])(fused)
 
 
+def _aliases(block: BindingBlock, members, source: dict) -> dict[int, int]:
+    """Original position -> offered position, for each replaced tensor no group computes but
+    an alternative's node does: its readers read that node's value (and it supplies them)."""
+    covered = {p for m in members for p in m}
+    aliases = {}
+    for offered, original in block.offered.items():
+        if original not in covered and offered in covered and original not in aliases:
+            aliases[original] = offered
+            source[original] = source[offered]
+    return aliases
+
+
 def _check_groups(graph: PrimitiveGraph, groups: list[list[int]]) -> None:
     covered = {i for g in groups for i in g}
-    if covered != set(range(len(graph))):
+    if not graph.alternatives and covered != set(range(len(graph))):
         missing = sorted(set(range(len(graph))) - covered)[:5]
         raise ValueError(f"groups must cover every node; missing {missing}")
     for g, nodes in enumerate(groups):
@@ -80,7 +104,8 @@ def _check_groups(graph: PrimitiveGraph, groups: list[list[int]]) -> None:
 
 def _unit_order(block: BindingBlock, members, inputs, source) -> list[tuple[str, int]]:
     """Topological order of groups and glue bindings, earliest binding first."""
-    glue = [p for p in range(len(block.bindings)) if p not in block.node_positions]
+    glue = [p for p in range(len(block.bindings)) if p not in block.node_positions
+            and not _reads_uncomputed(block, p, source)]
     units = [("group", g) for g in range(len(members))] + [("glue", p) for p in glue]
     reads = [inputs[g] for g in range(len(members))] + [
         leaves(block.bindings[p].value) for p in glue]
@@ -99,6 +124,17 @@ def _unit_order(block: BindingBlock, members, inputs, source) -> list[tuple[str,
     if order is None:
         raise ValueError("the groups depend on each other in a cycle; no schedule exists")
     return [units[u] for u in order]
+
+
+def _reads_uncomputed(block: BindingBlock, position: int, source: dict) -> bool:
+    """Whether a glue binding reads a node no group computes (only an unchosen alternative's
+    or a replaced original's glue can); such glue is not emitted."""
+    for leaf in leaves(block.bindings[position].value):
+        read = block.position_of.get(leaf)
+        if read is not None and read in block.node_positions and read not in source:
+            assert block.graph.alternatives, "glue reads a node no group computes"
+            return True
+    return False
 
 
 def _emit_unit(builder, block, kind, unit, members, inputs, exports, source, callees, mapping):

@@ -26,6 +26,7 @@ import tvm
 from tvm.relax.analysis import has_reshape_pattern
 
 from ..backend.cpu_schedule import inline_injective
+from ..graph.alternatives import class_map, in_classes
 from ..lowering.primitive_kinds import LAYOUT
 from ..support.memo import KeyedMemo
 from ..support.toposort import ordered_topologically
@@ -131,6 +132,7 @@ class StorageModel:
         if not sizes:
             return None
         steps = []
+        classes = class_map(graph.alternatives)
         reshapes: dict[str, bool] = {}  # per kernel key: candidates share kernels
         for candidate, key in zip(candidates, kernel_keys):
             view = (key is not None and len(candidate.inputs) == 1 and len(candidate.outputs) == 1
@@ -141,8 +143,8 @@ class StorageModel:
                 view = reshapes[key]
             first = min((position for n in candidate.nodes for position in graph.nodes[n].bindings),
                         default=min(candidate.nodes))
-            steps.append(Step(frozenset(candidate.inputs), frozenset(candidate.outputs), view,
-                              first, key))
+            steps.append(Step(in_classes(candidate.inputs, classes),  # as the program sees them
+                              in_classes(candidate.outputs, classes), view, first, key))
         return StorageModel(sizes, frozenset(graph.outputs), tuple(steps), kernel_modules)
 
     def storage_bytes(self, subproblems, orders: Sequence[Sequence[int]]) -> int:

@@ -4,6 +4,11 @@ The primitive graph is cut into convex pieces (candidates/partition.py); each pi
 integer program over the candidates that lie inside it. A piece's required outputs are its graph
 outputs and every primitive a later piece reads, so the pieces' plans concatenate into one valid
 plan.
+
+Alternatives (graph/alternatives.py) enter as tensor classes: a kernel's nodes, inputs and
+outputs are given to the program as classes (an offered node as the original it stands for), so
+an input is supplied by any chosen kernel that outputs its class and the formulation itself
+needs no change. With no alternatives every node is its own class: the program is today's.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ from dataclasses import dataclass
 
 from ..costing.cost_model import prune_candidates
 from ..costing.failed_costs import is_failed
+from ..graph.alternatives import alternative_nodes, class_map, in_classes
 from .solver import KernelChoice, OrchestrationProblem, Plan
 
 
@@ -76,15 +82,17 @@ def orchestration_problems(graph, pieces: Sequence[frozenset[int]], candidates, 
                            ) -> list[Subproblem]:
     """One OrchestrationProblem per piece, over the kept candidates inside it."""
     problems = []
+    classes = class_map(graph.alternatives)
+    offered = alternative_nodes(graph.alternatives)
     for piece in pieces:
         ids = tuple(i for i in kept if candidates[i].nodes <= piece)
         required = frozenset(
             node for node in piece
             if node in graph.outputs or any(c not in piece for c in graph.nodes[node].consumers))
         choices = [
-            KernelChoice(nodes=candidates[i].nodes,
-                         inputs=frozenset(candidates[i].inputs) & piece,
-                         outputs=frozenset(candidates[i].outputs),
+            KernelChoice(nodes=in_classes(candidates[i].nodes, classes),
+                         inputs=in_classes(frozenset(candidates[i].inputs) & piece, classes),
+                         outputs=in_classes(candidates[i].outputs, classes),
                          cost=_kernel_seconds(key_of_candidate[i], costs,
                                               candidates[i].is_stock))
             for i in ids]
@@ -93,7 +101,8 @@ def orchestration_problems(graph, pieces: Sequence[frozenset[int]], candidates, 
             if candidates[i].is_stock and not math.isfinite(choice.cost) else choice
             for i, choice in zip(ids, choices))
         stock = tuple(local for local, i in enumerate(ids) if candidates[i].is_stock)
-        if sorted(node for local in stock for node in choices[local].nodes) != sorted(piece):
+        if sorted(node for local in stock for node in choices[local].nodes) \
+                != sorted(piece - offered):
             stock = ()  # a stock group straddles the cut: no stock plan for this piece
         problems.append(Subproblem(piece, ids, OrchestrationProblem(
             num_nodes=len(graph.nodes), kernels=choices, graph_outputs=required,

@@ -1,0 +1,161 @@
+"""Alternatives offered beside the originals: their bodies inlined into `main`, equivalences kept.
+
+Each `Alternative` (alternative.py) is inlined at the end of main's dataflow block with fresh
+vars, its parameters bound to the vars it reads. Nothing reads the new values, so the original
+program is unchanged; the graph stage makes the new bindings primitives of their own and records
+which of them equals which replaced var (`OfferedSite`), and the orchestration program may then
+produce a replaced tensor either way. Appending keeps the original bindings' positions, so with
+no alternatives every later stage sees exactly today's module.
+
+Weight-only work inside an alternative (e.g. concatenating the Q, K and V weights) is folded
+here, once at compile time, wherever those weights are constants of the module; a weight that is
+a parameter stays a primitive of the alternative and is costed as one.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Iterable, Sequence
+
+import tvm
+import tvm_ffi
+from tvm import relax
+
+from ..graph.primitive_graph import leaves
+from ..kernels.group_block import remap
+from .alternative import Alternative
+
+logger = logging.getLogger("korch_tvm.substitutions")
+
+
+@dataclass(frozen=True)
+class OfferedSite:
+    """One alternative as inlined: `offers[k]` is the new var equal to `replaces[k]`."""
+
+    rule: str
+    bound: tuple[relax.Var, ...]     # every new binding's var, in binding order
+    offers: tuple[relax.Var, ...]
+    replaces: tuple[relax.Var, ...]
+    reads: tuple[relax.Var, ...]
+
+
+@dataclass(frozen=True)
+class Offered:
+    """The module with the alternatives inlined, and where each one went."""
+
+    module: tvm.IRModule
+    sites: tuple[OfferedSite, ...]
+
+
+def find_alternatives(main: relax.Function, rules: Iterable) -> list[Alternative]:
+    """Every alternative each rule finds in `main`, in rule order."""
+    found = []
+    for rule in rules:
+        alternatives = list(rule.find(main))
+        if alternatives:
+            logger.info("substitution %s: %d site(s)", rule.name, len(alternatives))
+        found += alternatives
+    return found
+
+
+def offer_alternatives(mod: tvm.IRModule, alternatives: Sequence[Alternative],
+                       func_name: str = "main") -> Offered:
+    """`mod` with each alternative's body inlined at the end of `func_name`'s dataflow block."""
+    if not alternatives:
+        return Offered(mod, ())
+    func = mod[func_name]
+    (block,) = func.body.blocks
+    defined = {b.var for b in block.bindings} | set(func.params)
+    bindings, sites = list(block.bindings), []
+    for number, alternative in enumerate(alternatives):
+        _check_alternative(alternative, defined, {b.var: b for b in block.bindings})
+        new_bindings, site = _inlined(alternative, number)
+        bindings += new_bindings
+        sites.append(site)
+    body = relax.SeqExpr([relax.DataflowBlock(bindings)], func.body.body)
+    builder = relax.BlockBuilder(mod)
+    builder.update_func(mod.get_global_var(func_name), relax.Function(
+        func.params, body, func.ret_ty, func.is_pure, func.attrs))
+    return Offered(builder.get(), tuple(sites))
+
+
+def _check_alternative(alternative: Alternative, defined: set, binding_of: dict) -> None:
+    """The contract of alternative.py, checked before anything is inlined (a rule's bug)."""
+    rule, body = alternative.rule, alternative.body
+    if len(body.params) != len(alternative.reads):
+        raise ValueError(f"substitution {rule}: {len(body.params)} parameters for "
+                         f"{len(alternative.reads)} reads")
+    for read, param in zip(alternative.reads, body.params):
+        if read not in defined:
+            raise ValueError(f"substitution {rule}: reads {read.name}, which main does not define")
+        if not tvm_ffi.structural_equal(read.ty, param.ty):
+            raise ValueError(f"substitution {rule}: parameter {param.name} is not typed as "
+                             f"{read.name}")
+    fields = _result_fields(body)
+    if len(fields) != len(alternative.replaces):
+        raise ValueError(f"substitution {rule}: {len(fields)} results for "
+                         f"{len(alternative.replaces)} replaced vars")
+    for replaced, field in zip(alternative.replaces, fields):
+        binding = binding_of.get(replaced)
+        if binding is None or isinstance(binding.value, (relax.Tuple, relax.TupleGetItem)):
+            raise ValueError(f"substitution {rule}: {replaced.name} is not bound by a "
+                             "non-tuple binding of main")
+        if not tvm_ffi.structural_equal(replaced.ty, field.ty):
+            raise ValueError(f"substitution {rule}: the result for {replaced.name} has another "
+                             "shape or dtype")
+
+
+def _result_fields(body: relax.Function) -> list:
+    """The vars of the body's result tuple (through a var bound to the tuple)."""
+    result = body.body.body
+    if isinstance(result, relax.Var):
+        tuples = {b.var: b.value for blk in body.body.blocks for b in blk.bindings
+                  if isinstance(b.value, relax.Tuple)}
+        result = tuples.get(result, result)
+    if not isinstance(result, relax.Tuple):
+        raise ValueError("an alternative's body must return a tuple")
+    return list(result.fields)
+
+
+def _inlined(alternative: Alternative, number: int) -> tuple[list, OfferedSite]:
+    """The body's bindings over fresh vars of main, with constant-only work folded."""
+    body = _weights_folded(alternative.body)
+    mapping: dict = dict(zip(body.params, alternative.reads))
+    normalizer = relax.BlockBuilder()
+    new_bindings = []
+    for body_block in body.body.blocks:
+        for binding in body_block.bindings:
+            value = remap(binding.value, mapping)
+            if isinstance(value, (tvm.ir.expr.Constant, relax.Var)):
+                mapping[binding.var] = value  # a folded weight or an alias: no binding
+                continue
+            if isinstance(value, relax.Tuple) and binding.var not in _read_vars(body):
+                continue  # the result tuple itself: its fields are the offers
+            value = normalizer.normalize(value)
+            var = relax.DataflowVar(f"alt{number}_{binding.var.name}", value.ty)
+            new_bindings.append(relax.VarBinding(var, value))
+            mapping[binding.var] = var
+    offers = tuple(mapping[field] for field in _result_fields(body))
+    bound = {b.var for b in new_bindings}
+    for replaced, offer in zip(alternative.replaces, offers):
+        if offer not in bound or isinstance(
+                next(b.value for b in new_bindings if b.var.same_as(offer)),
+                (relax.Tuple, relax.TupleGetItem)):
+            raise ValueError(f"substitution {alternative.rule}: the result for {replaced.name} "
+                             "has no producing primitive of its own")
+    if len(set(offers)) != len(offers):
+        raise ValueError(f"substitution {alternative.rule}: two results share one binding")
+    return new_bindings, OfferedSite(alternative.rule, tuple(b.var for b in new_bindings), offers,
+                                     tuple(alternative.replaces), tuple(alternative.reads))
+
+
+def _read_vars(body: relax.Function) -> set:
+    return {leaf for blk in body.body.blocks for b in blk.bindings for leaf in leaves(b.value)
+            if isinstance(leaf, relax.Var)}
+
+
+def _weights_folded(body: relax.Function) -> relax.Function:
+    """`body` with every call on constants only evaluated now (Relax's FoldConstant)."""
+    folded = relax.transform.FoldConstant()(tvm.IRModule({"alternative": body}))
+    return folded["alternative"]
