@@ -15,6 +15,9 @@ MEMORY_LIMITS = ("stock", "none")
 # Library kernels (costing/library_costs.py): "auto" offers a vendor BLAS call for every plain
 # GEMM kernel where the extension is built; "off" costs and builds TVM kernels only.
 LIBRARY_CHOICES = ("auto", "off")
+# Substitutions (substitutions/offer.py): "on" offers every rule's alternatives to the solver
+# beside the originals; "off" plans the graph as lowered.
+SUBSTITUTION_CHOICES = ("on", "off")
 
 
 @dataclass(frozen=True)
@@ -69,6 +72,7 @@ class KorchConfig:
     # "auto": a plain GEMM kernel costs the cheaper of TVM's kernel and the BLAS call, and the
     # Korch plan's kernels whose cost is the BLAS's run as BLAS calls; "off": TVM kernels only.
     library: str = "auto"
+    substitutions: str = "on"
 
     def __post_init__(self):
         # A frozen dataclass: the resolved target replaces the spec once, before validation.
@@ -137,6 +141,7 @@ def validate(config: KorchConfig) -> None:
     check_choice("--layout", config.layout, LAYOUT_CHOICES)
     check_choice("--memory-limit", config.memory_limit, MEMORY_LIMITS)
     check_choice("--library", config.library, LIBRARY_CHOICES)
+    check_choice("--substitutions", config.substitutions, SUBSTITUTION_CHOICES)
     check_count("max_kernel_size", config.max_kernel_size, minimum=1)
     check_number("solver_time_limit", config.solver_time_limit, minimum=0.0)
 

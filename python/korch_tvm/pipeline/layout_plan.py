@@ -34,6 +34,7 @@ from ..orchestration.memory_plan import StorageModel
 from ..orchestration.problems import (orchestration_problems, plan_groups, plan_report,
                                       prune_by_prediction)
 from ..orchestration.solver import Plan, solve_orchestration
+from ..substitutions.offer import graph_with_alternatives
 from ..support.memo import KeyedMemo
 from .korch_costs import (Planned, cost_what_plans_need, logged_or_predicted,
                           profiler_measurement, work_anchors)
@@ -141,7 +142,7 @@ def plan_in_layout(source: tvm.IRModule, mod: tvm.IRModule, layout: str, config:
     `plan_korch`."""
     clock = StageClock()
     lowered = lower_to_primitives(mod)
-    graph = PrimitiveGraph.from_module(lowered, fast_math=config.fast_math)
+    graph = graph_with_alternatives(lowered, config.substitutions, fast_math=config.fast_math)
     clock.lap("lowering")
     found = find_candidates(graph, config)
     clock.lap("candidates")

@@ -22,7 +22,7 @@ import tvm
 import tvm_ffi
 from tvm import relax
 
-from ..graph.primitive_graph import leaves
+from ..graph.primitive_graph import PrimitiveGraph, leaves
 from ..kernels.group_block import remap
 from .alternative import Alternative
 
@@ -159,3 +159,26 @@ def _weights_folded(body: relax.Function) -> relax.Function:
     """`body` with every call on constants only evaluated now (Relax's FoldConstant)."""
     folded = relax.transform.FoldConstant()(tvm.IRModule({"alternative": body}))
     return folded["alternative"]
+
+
+def substitution_rules(choice: str) -> list:
+    """The rules `--substitutions` (`KorchConfig.substitutions`) asks for: every rule of
+    substitutions/rules.py for "on", none for "off"."""
+    if choice == "off":
+        return []
+    try:
+        from .rules import ALL_RULES
+    except ImportError:  # no rule module yet: nothing to offer
+        return []
+    return list(ALL_RULES)
+
+
+def graph_with_alternatives(lowered: tvm.IRModule, substitutions: str = "on", *,
+                            fast_math: bool = True) -> PrimitiveGraph:
+    """The primitive graph of `lowered` with every alternative the rules find offered beside
+    the originals (graph/alternatives.py); exactly `PrimitiveGraph.from_module(lowered)` when
+    none is found."""
+    alternatives = find_alternatives(lowered["main"], substitution_rules(substitutions))
+    offered = offer_alternatives(lowered, alternatives)
+    return PrimitiveGraph.from_module(offered.module, fast_math=fast_math,
+                                      offered_sites=offered.sites)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass, field
 
-from ..config import LAYOUT_CHOICES, LIBRARY_CHOICES, MEMORY_LIMITS
+from ..config import LAYOUT_CHOICES, LIBRARY_CHOICES, MEMORY_LIMITS, SUBSTITUTION_CHOICES
 from .common import shape_arg
 
 
@@ -102,6 +102,11 @@ FLAGS: dict[str, Flag] = {flag.name: flag for flag in (
                                    help=_MEMORY_LIMIT_HELP), "memory_limit"),
     Flag(("--library",), dict(choices=LIBRARY_CHOICES, default="auto", help=_LIBRARY_HELP),
          "library"),
+    Flag(("--substitutions",), dict(
+        choices=SUBSTITUTION_CHOICES, default="on",
+        help="'on' (default): graph rewrites (substitutions/) are offered to the solver beside "
+             "the original primitives, and used only where their kernels are cheaper; 'off': "
+             "the graph as lowered"), "substitutions"),
     Flag(("--prune-margin",), dict(
         type=float, default=None,
         help="Korch's pruning margin (default: KorchConfig's; 'inf' costs every candidate)"),
