@@ -25,7 +25,7 @@ the stock plan stays feasible), and TVM builds them with the same dlight rules.
 from __future__ import annotations
 
 import math
-from functools import partial
+from collections.abc import Callable
 
 import tvm
 from tvm import relax
@@ -43,8 +43,7 @@ def rules_for_target(target, max_kernel_size: int = 8, **overrides) -> KernelRul
     """The KernelRules for `target` (a TVM Target); extra fields override the defaults."""
     if target.kind.name != "cuda":
         return KernelRules(max_kernel_size=max_kernel_size, **overrides)
-    limit = gpu_limits(target)
-    accept = partial(fits_in_thread_block, shared_memory_bytes=limit["max_shared_memory_per_block"])
+    accept = ThreadBlockFit(gpu_limits(target)["max_shared_memory_per_block"])
     return KernelRules(max_kernel_size=max_kernel_size, accept=overrides.pop("accept", accept),
                        **overrides)
 
@@ -60,8 +59,35 @@ def gpu_limits(target) -> dict[str, int]:
             "max_threads_per_block": attr("max_threads_per_block", 1024)}
 
 
+class ThreadBlockFit:
+    """`KernelRules.accept` for a CUDA target: `fits_in_thread_block` at `shared_memory_bytes`.
+
+    The enumerator asks about the same reductions for every candidate of a graph, so their row
+    bytes are kept here, for the graph this rule judges (a rule asked about another graph
+    starts afresh); the rules, made per graph, take them with them when they go.
+    """
+
+    def __init__(self, shared_memory_bytes: int) -> None:
+        self.shared_memory_bytes = shared_memory_bytes
+        self._graph: PrimitiveGraph | None = None
+        self._rows: dict[int, int | None] = {}
+
+    def __call__(self, candidate: Candidate, graph: PrimitiveGraph) -> bool:
+        if graph is not self._graph:
+            self._graph, self._rows = graph, {}
+        return fits_in_thread_block(candidate, graph, shared_memory_bytes=self.shared_memory_bytes,
+                                    row_bytes=self._row_bytes)
+
+    def _row_bytes(self, graph: PrimitiveGraph, index: int) -> int | None:
+        if index not in self._rows:
+            self._rows[index] = reduction_row_bytes(graph, index)
+        return self._rows[index]
+
+
 def fits_in_thread_block(candidate: Candidate, graph: PrimitiveGraph, *,
-                         shared_memory_bytes: int) -> bool:
+                         shared_memory_bytes: int,
+                         row_bytes: Callable[[PrimitiveGraph, int], int | None] | None = None
+                         ) -> bool:
     """False when a reduction consumed inside the candidate needs more shared memory than a block has.
 
     Need per block: the reduced row for a reduce whose in-kernel consumers are elementwise or
@@ -71,8 +97,10 @@ def fits_in_thread_block(candidate: Candidate, graph: PrimitiveGraph, *,
     memory, which ptxas refuses as "uses too much shared data"). Matmuls are exempt:
     dlight's Matmul rule (and MetaSchedule's tiling) writes any epilogue, reordering ones too,
     straight from the register tiles; convolutions have no such rule and are scheduled as
-    general reductions, so they are treated like reductions here.
+    general reductions, so they are treated like reductions here. `row_bytes(graph, index)`
+    gives a reduction's row bytes (None: `reduction_row_bytes`, computed each time).
     """
+    row_bytes = row_bytes or reduction_row_bytes
     members = candidate.nodes
     if len(members) < 2:
         return True
@@ -87,7 +115,7 @@ def fits_in_thread_block(candidate: Candidate, graph: PrimitiveGraph, *,
         if any(graph.nodes[j].kind == "layout" for j in _bit_indices(inside)):
             need = output_bytes(graph, index)
         elif node.kind == "reduce":
-            need = reduction_row_bytes(graph, index)
+            need = row_bytes(graph, index)
         else:
             continue
         if need is not None and need > shared_memory_bytes:
@@ -114,27 +142,6 @@ def reduction_row_bytes(graph: PrimitiveGraph, index: int) -> int | None:
     Read from the node's PrimFunc (its reduction blocks' iteration extents); None when the
     graph has no module or the extents are symbolic.
     """
-    cache = _row_cache(graph)
-    if index not in cache:
-        cache[index] = _row_bytes(graph, index)
-    return cache[index]
-
-
-_CACHES: dict[int, tuple[PrimitiveGraph, dict]] = {}
-
-
-def _row_cache(graph: PrimitiveGraph) -> dict:
-    key = id(graph)
-    entry = _CACHES.get(key)
-    if entry is None or entry[0] is not graph:
-        if len(_CACHES) > 8:
-            _CACHES.clear()
-        entry = (graph, {})
-        _CACHES[key] = entry
-    return entry[1]
-
-
-def _row_bytes(graph: PrimitiveGraph, index: int) -> int | None:
     if graph.legalized is None:
         return None
     func = _node_prim_func(graph, index)
