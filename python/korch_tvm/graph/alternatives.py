@@ -11,6 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterable
 
+import tvm
+from tvm import relax
+
 
 @dataclass(frozen=True)
 class AlternativeSite:
@@ -63,3 +66,35 @@ def mixes_a_site(nodes: frozenset[int], sites: Iterable[AlternativeSite]) -> boo
     """Whether `nodes` hold both a replaced node of some site and a node of its alternative:
     such a kernel would compute one tensor class twice, so it is never a candidate."""
     return any(nodes & site.nodes and nodes.intersection(site.replaced) for site in sites)
+
+
+def without_alternatives(graph) -> tvm.IRModule:
+    """The legalized module with the alternatives' bindings dropped: what TVM's FuseOps sees
+    of the model itself (the stock plan never computes an alternative)."""
+    if not graph.alternatives:
+        return graph.legalized
+    dropped = {p for i in alternative_nodes(graph.alternatives) for p in graph.nodes[i].bindings}
+    func = graph.legalized[graph.func_name]
+    kept = [b for p, b in enumerate(func.body.blocks[0].bindings) if p not in dropped]
+    body = relax.SeqExpr([relax.DataflowBlock(kept)], func.body.body)
+    builder = relax.BlockBuilder(graph.legalized)
+    builder.update_func(graph.legalized.get_global_var(graph.func_name), relax.Function(
+        func.params, body, func.ret_ty, func.is_pure, func.attrs))
+    return builder.get()
+
+
+def sites_as_nodes(graph, offered_sites) -> tuple[AlternativeSite, ...]:
+    """Offered sites (vars of the module) as node ids of `graph`."""
+    func = graph.legalized[graph.func_name]
+    position_of = {b.var: p for p, b in enumerate(func.body.blocks[0].bindings)}
+    node_at = {p: n.index for n in graph.nodes for p in n.bindings}
+
+    def node_of(var):
+        node = node_at.get(position_of.get(var))
+        assert node is not None, f"{var.name} is no primitive of the legalized module"
+        return node
+
+    return tuple(AlternativeSite(site.rule, frozenset(node_of(v) for v in site.bound),
+                                 tuple(node_of(v) for v in site.replaces),
+                                 tuple(node_of(v) for v in site.offers))
+                 for site in offered_sites)

@@ -34,7 +34,8 @@ from tvm import relax
 from ..errors import KorchError
 from ..lowering.fast_math import legalize_ops
 from ..lowering.primitive_kinds import op_kind
-from .alternatives import AlternativeSite, alternative_nodes
+from .alternatives import (AlternativeSite, alternative_nodes, sites_as_nodes,
+                           without_alternatives)
 
 CALL_TIR = tvm.ir.Op.get("relax.call_tir")
 NODE_ATTR = "korch_node"
@@ -141,7 +142,7 @@ class PrimitiveGraph:
         graph = _read_legalized(legal, func_name, relax_ops)
         if not offered_sites:
             return graph
-        return dataclasses.replace(graph, alternatives=_sites_as_nodes(graph, offered_sites))
+        return dataclasses.replace(graph, alternatives=sites_as_nodes(graph, offered_sites))
 
     # ----------------------------------------------------------------- queries
     def __len__(self) -> int:
@@ -190,8 +191,9 @@ class PrimitiveGraph:
     @functools.cached_property
     def _stock_groups(self) -> tuple[frozenset[int], ...]:
         if self.legalized is None:
-            return tuple(frozenset([n.index]) for n in self.nodes)
-        fused = relax.transform.FuseOps()(_without_alternatives(self))
+            offered = alternative_nodes(self.alternatives)
+            return tuple(frozenset([n.index]) for n in self.nodes if n.index not in offered)
+        fused = relax.transform.FuseOps()(without_alternatives(self))
         node_at = {p: n.index for n in self.nodes for p in n.bindings}
         groups, seen = [], set()
         for binding in fused[self.func_name].body.blocks[0].bindings:
@@ -265,38 +267,6 @@ def _without_uncalled_functions(mod: tvm.IRModule, func_name: str) -> tvm.IRModu
             frontier += list(relax.analysis.all_global_vars(mod[gvar]))
     return tvm.IRModule({gv: f for gv, f in mod.functions_items() if gv.name_hint in keep},
                         attrs=mod.attrs)
-
-
-def _without_alternatives(graph: "PrimitiveGraph") -> tvm.IRModule:
-    """The legalized module with the alternatives' bindings dropped: what TVM's FuseOps sees
-    of the model itself (the stock plan never computes an alternative)."""
-    if not graph.alternatives:
-        return graph.legalized
-    dropped = {p for i in alternative_nodes(graph.alternatives) for p in graph.nodes[i].bindings}
-    func = graph.legalized[graph.func_name]
-    kept = [b for p, b in enumerate(func.body.blocks[0].bindings) if p not in dropped]
-    body = relax.SeqExpr([relax.DataflowBlock(kept)], func.body.body)
-    builder = relax.BlockBuilder(graph.legalized)
-    builder.update_func(graph.legalized.get_global_var(graph.func_name), relax.Function(
-        func.params, body, func.ret_ty, func.is_pure, func.attrs))
-    return builder.get()
-
-
-def _sites_as_nodes(graph: "PrimitiveGraph", offered_sites) -> tuple[AlternativeSite, ...]:
-    """Offered sites (vars of the module) as node ids of `graph`."""
-    func = graph.legalized[graph.func_name]
-    position_of = {b.var: p for p, b in enumerate(func.body.blocks[0].bindings)}
-    node_at = {p: n.index for n in graph.nodes for p in n.bindings}
-
-    def node_of(var):
-        node = node_at.get(position_of.get(var))
-        assert node is not None, f"{var.name} is no primitive of the legalized module"
-        return node
-
-    return tuple(AlternativeSite(site.rule, frozenset(node_of(v) for v in site.bound),
-                                 tuple(node_of(v) for v in site.replaces),
-                                 tuple(node_of(v) for v in site.offers))
-                 for site in offered_sites)
 
 
 def leaves(expr) -> list:

@@ -22,6 +22,7 @@ from ..costing.cost_model import prune_candidates
 from ..costing.failed_costs import is_failed
 from ..graph.alternatives import alternative_nodes, class_map, in_classes
 from .solver import KernelChoice, OrchestrationProblem, Plan
+from .substitution_report import program_size, substitution_report
 
 
 # An opaque primitive (a binding that is no call_tir) always runs alone and always runs, so its
@@ -150,8 +151,10 @@ def plan_report(graph, candidates, kept, problems, plans, chosen, key_of_candida
              "best_bound_ms": _finite_or_none(plan.best_bound * 1e3),
              "gap": _finite_or_none(plan.gap), "nodes": plan.nodes,
              "seconds": round(plan.seconds, 3), "cycle_cuts": plan.cycle_cuts,
-             "warm_start": plan.warm_start}
+             "warm_start": plan.warm_start, **program_size(p.problem)}
             for p, plan in zip(problems, plans)],
+        # alternatives found, chosen and what each saved (orchestration/substitution_report.py)
+        "substitutions": substitution_report(graph, candidates, problems, plans, chosen),
         # chosen kernels whose measurement failed: in the objective at their prediction
         "failed_kernels": sum(1 for i in chosen if key_of_candidate[i] is not None
                               and is_failed(costs[key_of_candidate[i]])),

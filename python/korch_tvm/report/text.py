@@ -79,7 +79,23 @@ def _plan_lines(plan: dict) -> list[str]:
                      f"to stay within them")
     if plan.get("opaque_ops"):
         lines.append(f"  opaque ops kept as in the stock path: {', '.join(plan['opaque_ops'])}")
+    substitutions = plan.get("substitutions")
+    if substitutions and substitutions["found"]:
+        lines.append("  " + _substitutions_line(substitutions))
     return lines
+
+
+def _substitutions_line(substitutions: dict) -> str:
+    """Found, chosen and saved (modelled: the plan against the best plan without each)."""
+    saved = [s["saved_ms"] for s in substitutions["sites"] if s.get("saved_ms") is not None]
+    by_rule: dict[str, list[int]] = {}
+    for site in substitutions["sites"]:
+        counts = by_rule.setdefault(site["rule"], [0, 0])
+        counts[0] += 1
+        counts[1] += bool(site["chosen"])
+    rules = ", ".join(f"{rule} {chosen}/{found}" for rule, (found, chosen) in by_rule.items())
+    return (f"substitutions: {substitutions['chosen']} of {substitutions['found']} chosen "
+            f"({rules}); together they save {sum(saved):.3f} ms modelled")
 
 
 def _outcome_lines(report: dict) -> list[str]:
@@ -145,14 +161,32 @@ def explain_lines(explanation: dict) -> list[str]:
               for item in diff["split"]]
     if explanation.get("opaque_ops"):
         lines.append(f"opaque ops kept as in the stock path: {', '.join(explanation['opaque_ops'])}")
+    lines += _explained_substitutions(explanation.get("substitutions"))
     lines += ["", f"solver: {explanation['solver_status']}"]
     for index, piece in enumerate(explanation["solver"]):
         gap = "n/a (no bound yet)" if piece["gap"] is None else f"{piece['gap']:.2%}"
+        size = (f", {piece['columns']} columns x {piece['rows']} rows" if "columns" in piece
+                else "")
         lines.append(f"  subproblem {index}: {piece['primitives']} primitives, "
-                     f"{piece['candidates']} candidates: {piece['status']}, gap {gap}, "
+                     f"{piece['candidates']} candidates{size}: {piece['status']}, gap {gap}, "
                      f"{piece['seconds']:.2f} s")
     if explanation.get("onnx_trace") is None:
         lines.append("(ONNX operators not traced for this model)")
+    return lines
+
+
+def _explained_substitutions(substitutions: dict | None) -> list[str]:
+    """Each site: its rule, what it replaces, whether the plan uses it and what it saves."""
+    if not substitutions or not substitutions["found"]:
+        return ["", "substitutions: none found"]
+    lines = ["", _substitutions_line(substitutions)]
+    for site in substitutions["sites"]:
+        if site["chosen"]:
+            state = f"chosen, saves {_ms(site.get('saved_ms'))}"
+        else:
+            state = "not chosen" if site["offered"] else "not offered (straddles a piece cut)"
+        lines.append(f"  {site['rule']} for {', '.join(site['replaces'])} "
+                     f"({site['primitives']} primitives): {state}")
     return lines
 
 

@@ -183,6 +183,7 @@ def describe_plan(plan, trace=None) -> dict:
         "candidates": report["candidates"],
         "pruned": report["pruned"],
         "opaque_ops": report["opaque_ops"],
+        "substitutions": report.get("substitutions"),
         "onnx_trace": None if trace is None else (
             "exact for each ONNX node's result; primitives split out of an operator are "
             "attributed to the first traced primitive downstream (onnx_exact=false)"),
@@ -238,8 +239,10 @@ def stock_difference(chosen_groups, stock_groups, kernel_ids) -> dict:
     group_of = {node: g for g, group in enumerate(stock) for node in group}
     same, merged, part = [], [], []
     for kernel_id, group in zip(kernel_ids, chosen_groups):
-        touched = sorted({group_of[node] for node in group})
-        if len(touched) > 1:
+        touched = sorted({group_of[node] for node in group if node in group_of})
+        if not touched:  # only an alternative's primitives: no stock group has them
+            part.append({"kernel": kernel_id, "stock_group": []})
+        elif len(touched) > 1:
             merged.append({"kernel": kernel_id, "stock_groups": [sorted(stock[g]) for g in touched]})
         elif frozenset(group) == stock[touched[0]]:
             same.append(kernel_id)

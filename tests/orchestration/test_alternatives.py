@@ -1,0 +1,111 @@
+"""Alternatives in the orchestration program: tensors as classes, chosen only where cheaper.
+
+Hand-made graphs (no TVM module) with one alternative site, a cost table per node set, and the
+real enumerator, problem builder and solver."""
+
+import dataclasses
+
+import pytest
+
+from korch_tvm.candidates.enumerate import enumerate_candidates
+from korch_tvm.candidates.partition import partition_graph
+from korch_tvm.costing.measure import KernelCost
+from korch_tvm.graph.alternatives import AlternativeSite
+from korch_tvm.graph.primitive_graph import PrimitiveGraph
+from korch_tvm.orchestration.formulation import orchestration_rows
+from korch_tvm.orchestration.plans import execution_order
+from korch_tvm.orchestration.problems import orchestration_problems, plan_groups, plan_report
+from korch_tvm.orchestration.solver import solve_orchestration
+
+# 0 -> 1 -> 2 -> 3 (the model's output); the alternative 4 -> 5 reads 0 and offers 5 for 2.
+EDGES = [(0, 1), (1, 2), (2, 3), (0, 4), (4, 5)]
+SITE = AlternativeSite("test_rule", frozenset({4, 5}), (2,), (5,))
+
+
+def _graph(with_site: bool) -> PrimitiveGraph:
+    graph = PrimitiveGraph.from_edges(6, EDGES, outputs=[3])
+    return dataclasses.replace(graph, alternatives=(SITE,)) if with_site else graph
+
+
+def _solved(graph, node_cost, kept=None):
+    """The plan for per-node costs plus a launch cost per kernel; (groups, problems, plans)."""
+    pieces = partition_graph(graph, 100)
+    candidates = [c for piece in pieces for c in enumerate_candidates(graph, node_subset=piece)]
+    keys = [f"k{i}" for i in range(len(candidates))]
+    costs = {key: KernelCost(1e-3 + sum(node_cost[n] for n in c.nodes), "measured", 1)
+             for key, c in zip(keys, candidates)}
+    kept = list(range(len(candidates))) if kept is None else kept(candidates)
+    problems = orchestration_problems(graph, pieces, candidates, kept, keys, costs)
+    plans = [solve_orchestration(p.problem) for p in problems]
+    chosen = plan_groups(problems, plans)
+    for problem, plan in zip(problems, plans):
+        assert execution_order(problem.problem, plan.chosen) is not None
+    return [candidates[i].nodes for i in chosen], problems, plans, candidates, chosen
+
+
+def test_the_alternative_is_chosen_where_it_is_cheaper_and_only_there():
+    cheap = {0: 1e-3, 1: 1e-3, 2: 9e-3, 3: 1e-3, 4: 1e-3, 5: 1e-3}
+    groups, problems, plans, candidates, chosen = _solved(_graph(True), cheap)
+    computed = set().union(*groups)
+    assert {4, 5} <= computed and not {1, 2} & computed
+    # {0, 4, 5} then {3}: 1 + 3 and 1 + 1 ms; the original's best is {0, 1, 2, 3}, 1 + 12 ms
+    assert plans[0].objective == pytest.approx(6e-3)
+    report = plan_report(_graph(True), candidates, range(len(candidates)), problems, plans,
+                         chosen, [f"k{i}" for i in range(len(candidates))],
+                         {f"k{i}": KernelCost(1.0, "measured", 1) for i in range(len(candidates))})
+    site = report["substitutions"]["sites"][0]
+    assert site["chosen"] and site["replaces"] == ["n2"]
+    assert site["saved_ms"] == pytest.approx(13.0 - 6.0)  # the best plan without it: 13 ms
+
+    dear = {**cheap, 2: 1e-3, 5: 9e-3}
+    groups, *_ = _solved(_graph(True), dear)
+    computed = set().union(*groups)
+    assert {1, 2} <= computed and not {4, 5} & computed
+
+
+def test_no_kernel_holds_a_replaced_node_and_its_alternative():
+    graph = _graph(True)
+    candidates = enumerate_candidates(graph)
+    assert candidates and not any(c.nodes & {4, 5} and 2 in c.nodes for c in candidates)
+    assert any(c.nodes == frozenset({0, 4, 5}) for c in candidates)  # a read fuses in
+    # an offered node is an output although nothing reads it in the graph; an original kernel
+    # does not export a tensor for the alternative that reads it
+    assert all(5 in c.outputs for c in candidates if 5 in c.nodes)
+    assert next(c for c in candidates if c.nodes == frozenset({0, 1})).outputs == {1}
+
+
+def test_an_offered_tensor_supplies_the_original_readers_as_its_class():
+    graph = _graph(True)
+    problem = _solved(graph, dict.fromkeys(range(6), 1e-3))[1][0].problem
+    kernel = next(k for k in problem.kernels if k.nodes == frozenset({0, 4, 2}))  # 5 as class 2
+    assert kernel.outputs == {0, 2}  # 0 for the original 1, 5 (as class 2) for 3
+    assert next(k for k in problem.kernels if k.nodes == {3}).inputs == {2}
+    assert problem.stock_plan  # the stock plan covers the original nodes only
+
+
+def test_without_alternatives_the_program_is_todays():
+    costs = {0: 1e-3, 1: 2e-3, 2: 3e-3, 3: 1e-3, 4: 1e-3, 5: 9e-3}
+    plain = PrimitiveGraph.from_edges(4, EDGES[:3], outputs=[3])
+    groups, problems, plans, *_ = _solved(plain, costs)
+    # the same model with the alternative in the graph but none of its candidates kept
+    offered_groups, offered_problems, offered_plans, *_ = _solved(
+        _graph(True), costs,
+        kept=lambda cands: [i for i, c in enumerate(cands) if not c.nodes & SITE.nodes])
+    assert offered_groups == groups
+    ours, theirs = problems[0].problem, offered_problems[0].problem
+    assert ours.kernels == theirs.kernels and ours.graph_outputs == theirs.graph_outputs
+    usable = list(range(len(ours.kernels)))
+    rows, offered_rows = orchestration_rows(ours, usable), orchestration_rows(theirs, usable)
+    for field in ("lower", "starts", "indices", "values"):
+        assert getattr(rows, field).tolist() == getattr(offered_rows, field).tolist()
+    assert offered_plans[0].chosen == plans[0].chosen
+    assert offered_plans[0].objective == plans[0].objective
+
+
+def test_an_alternative_straddling_a_cut_is_left_out():
+    graph = dataclasses.replace(PrimitiveGraph.from_edges(6, EDGES, outputs=[3]),
+                                alternatives=(AlternativeSite("t", frozenset({4, 5}), (1, 3),
+                                                              (4, 5)),))
+    pieces = partition_graph(graph, 2)  # 0,1 | 2,3: the replaced 1 and 3 in two pieces
+    assert len(pieces) == 2 and not any(p & {4, 5} for p in pieces)
+    assert partition_graph(graph, 100) == [frozenset(range(6))]
