@@ -259,23 +259,25 @@ def default_predictor(tuning_log, target) -> Callable[[tvm.IRModule], float]:
     return lambda kernel_mod: analytic_estimate(kernel_mod, target)
 
 
-def predict_kernels(tuning_log, target, modules: Mapping[str, tvm.IRModule]) -> dict[str, float]:
+def predict_kernels(tuning_log, target, modules: Mapping[str, tvm.IRModule],
+                    estimates: KeyedMemo[float] | None = None) -> dict[str, float]:
     """`default_predictor`'s seconds for every kernel of `modules` (by key). The saved model's
     predictions are cached beside the log (costing/prediction_cache.py), so a warm compile reuses
-    them."""
+    them; `estimates` keeps analytic estimates by (key, target) between calls (the costing
+    session's `estimates`: a compile meets most kernels in each layout and region; None: kept
+    for this call only)."""
     path = model_path(tuning_log)
     if not os.path.exists(path):
-        return {key: _remembered_estimate(key, module, target) for key, module in modules.items()}
+        estimates = KeyedMemo() if estimates is None else estimates
+        return {key: _remembered_estimate(estimates, key, module, target)
+                for key, module in modules.items()}
     cache = PredictionCache(tuning_log.directory, file_digest(path))
     return cache.predict_all(modules, CostModel.load(path).predict_many)
 
 
-# Roofline estimates by (structural key, target).
-_ESTIMATES: KeyedMemo[float] = KeyedMemo()
-
-
-def _remembered_estimate(key: str, module: tvm.IRModule, target) -> float:
-    return _ESTIMATES.get((key, str(target)), lambda: analytic_estimate(module, target))
+def _remembered_estimate(estimates: KeyedMemo[float], key: str, module: tvm.IRModule,
+                         target) -> float:
+    return estimates.get((key, str(target)), lambda: analytic_estimate(module, target))
 
 
 def train_log_model(tuning_log, **kwargs) -> tuple[CostModel, dict]:

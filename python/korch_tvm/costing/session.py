@@ -24,6 +24,7 @@ from ..backend.target import host_core_count
 from ..config import KorchConfig
 from ..kernels.fused import structural_key
 from ..layout.activations import layout_trial_share
+from ..support.memo import KeyedMemo
 from .cost_model import default_predictor
 from .kernel_costs import KernelCost, Predictor, summarize
 from .library_costs import LibraryCosts
@@ -57,7 +58,9 @@ class CostingSession:
 
     `config` is the compile's configuration, `target` its resolved target, `tuning_log` and
     `seed` the log and the seed log it uses, `scratch` the folder builders export into. Its
-    runner, builder pool and cost model are made on first use and serve every later call.
+    runner, builder pool and cost model are made on first use and serve every later call;
+    `estimates` keeps the analytic estimates (by kernel key and target) its planning asks for
+    (`cost_model.predict_kernels`), for this compile only.
     """
 
     def __init__(self, config: KorchConfig, tuning_log: TuningLog, seed: Seed | None,
@@ -69,6 +72,7 @@ class CostingSession:
         self.deadline = math.inf if budget is None else time.perf_counter() + max(0.0, budget)
         self._runner, self._runner_made, self._builder = None, False, None
         self._predictor: Predictor | None = None
+        self.estimates: KeyedMemo[float] = KeyedMemo()
         self._library, self._library_made = None, False
 
     @classmethod

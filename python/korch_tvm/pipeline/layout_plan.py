@@ -197,7 +197,7 @@ def price_candidates(found: Found, config: KorchConfig, session: CostingSession)
     the tuning log's directory holds for the kept kernels."""
     tuning_log, seed = session.tuning_log, session.seed
     modules, keys = found.kernels.modules, found.kernels.keys
-    predicted = predict_kernels(tuning_log, config.target, modules)
+    predicted = predict_kernels(tuning_log, config.target, modules, session.estimates)
     if seed is not None:  # a compatible log's calibrated times predict better than a model
         predicted.update(seed.predictions(modules, tuning_log))
     kept = prune_by_prediction(found.candidates, keys, predicted, config.prune_margin)

@@ -1,0 +1,40 @@
+"""What a costing session remembers belongs to it: a second session (a second compile) starts
+afresh, and nothing a session remembers lives in a module."""
+
+import pytest
+
+from korch_tvm.config import KorchConfig
+from korch_tvm.costing import cost_model
+from korch_tvm.costing.session import CostingSession
+
+from test_measure import TARGET, legalized_kernels
+
+
+@pytest.fixture
+def counted_estimates(monkeypatch):
+    """The kernels `analytic_estimate` was asked about, in order."""
+    asked = []
+    real = cost_model.analytic_estimate
+
+    def counting(module, target="llvm"):
+        asked.append(module)
+        return real(module, target)
+
+    monkeypatch.setattr(cost_model, "analytic_estimate", counting)
+    return asked
+
+
+def test_each_session_keeps_its_own_analytic_estimates(tmp_path, counted_estimates):
+    kernels = legalized_kernels(16)
+    config = KorchConfig(tuning_logs=str(tmp_path), target=TARGET)
+    with CostingSession.open(config) as first:
+        once = cost_model.predict_kernels(first.tuning_log, TARGET, kernels, first.estimates)
+        again = cost_model.predict_kernels(first.tuning_log, TARGET, kernels, first.estimates)
+        assert again == once and len(counted_estimates) == len(kernels)  # asked once a session
+    with CostingSession.open(config) as second:
+        assert len(second.estimates) == 0
+        assert cost_model.predict_kernels(second.tuning_log, TARGET, kernels,
+                                          second.estimates) == once
+    assert len(counted_estimates) == 2 * len(kernels)  # the second session asked again
+    cost_model.predict_kernels(second.tuning_log, TARGET, kernels)  # no memo: this call only
+    assert len(counted_estimates) == 3 * len(kernels)
