@@ -302,10 +302,12 @@ def zoo_row(result: dict) -> dict:
     timed = "warm" if "warm" in compiles["korch"] else "cold"
     korch_ms = latency["korch"]["median"]
     modelled = (result.get("korch_plan") or {}).get("modelled_ms")
-    verdicts, row = {}, {}
+    verdicts, ranges, row = {}, {}, {}
     for column, key in (("stock", "korch_vs_stock"), ("ort", "korch_vs_onnxruntime"),
                         ("openvino", "korch_vs_openvino")):
         row[f"korch_vs_{column}"], verdicts[column] = _ratio(ratios, key)
+        entry = ratios.get(key) or {}
+        ranges[column] = [entry.get("p10"), entry.get("p90")] if entry else None
     # the compile's own check (warm compiles), else verify_kept.py's of the timed cold library
     verification = (compiles["korch"][timed].get("verification")
                     or (result.get("zoo_verification") or {}).get("korch") or {})
@@ -314,7 +316,7 @@ def zoo_row(result: dict) -> dict:
         "ort_ms": (latency.get("onnxruntime") or {}).get("median"),
         "openvino_ms": (latency.get("openvino") or {}).get("median"),
         "korch_p10_p90_ms": [latency["korch"]["p10"], latency["korch"]["p90"]],
-        **row, "verdicts": verdicts,
+        **row, "verdicts": verdicts, "paired_p10_p90": ranges,
         "compile_cold_s": {path: compiles[path]["cold"]["compile_seconds"]
                            for path in ("stock", "korch")},
         "compile_warm_s": {path: compiles[path].get("warm", {}).get("compile_seconds")

@@ -12,8 +12,8 @@ import time
 
 NOISE_NOTE = ("Timings come from a shared 2-core machine (other jobs compiling beside these "
               "runs; the load column gives the 1-minute load average before/after each model), "
-              "so every number is noisy: the p10-p90 of the paired per-round ratio is in the "
-              "JSON, and a ratio inside it is marked '≈'.")
+              "so every number is noisy: each ratio is followed by the p10-p90 of its paired "
+              "per-round ratios, and a ratio whose p10-p90 spans 1 is marked '≈'.")
 
 
 def geomean(values) -> float | None:
@@ -126,7 +126,11 @@ def _ratio(row: dict, key: str, verdict: str) -> str:
     value = row.get(key)
     if value is None:
         return "–"
-    return ("≈" if row["verdicts"].get(verdict) == "within noise" else "") + f"{value:.2f}×"
+    text = ("≈" if row["verdicts"].get(verdict) == "within noise" else "") + f"{value:.2f}×"
+    spread = (row.get("paired_p10_p90") or {}).get(verdict)
+    if spread and None not in spread:
+        text += f" ({spread[0]:.2f}–{spread[1]:.2f})"
+    return text
 
 
 def _library(row: dict) -> str:

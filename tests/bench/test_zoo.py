@@ -125,7 +125,7 @@ def test_aggregate_has_a_row_for_every_model_and_geomeans_only_what_ran(tmp_path
     assert "| bert_2layer | BERT-style encoder | failed |" in table
     assert table.count("korch-tvm: error: output 0 differs \\| a |") == 1  # '|' escaped
     assert "RuntimeError: no export" in table
-    assert "| resnet18 | classic CNN | ok | 30 / 30 (warm 30 / 30) | 4.00 | 2.00 | 1.00 | 3.00 | 2.00× | 0.50× | 1.50× |" in table
+    assert "| resnet18 | classic CNN | ok | 30 / 30 (warm 30 / 30) | 4.00 | 2.00 | 1.00 | 3.00 | 2.00× (0.90–1.10) | 0.50× (0.90–1.10) | 1.50× (0.90–1.10) |" in table
     assert "| deit_tiny | ViT / DeiT attention | ok | 20 / 20 | 8.00 |" in table
     assert "| 3.0e-07 | 2 of 9 | 3.0 / 4.0 | |" in table
     deit = next(row for row in summary["models"] if row["model"] == "deit_tiny")
