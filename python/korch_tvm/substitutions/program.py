@@ -108,19 +108,15 @@ def constant_array(expr) -> np.ndarray | None:
 
 
 def int_values(expr) -> list[int] | None:
-    """Integers of an attribute tuple (strided_slice's axes/begin/end are Tuples of PrimValues)."""
-    if isinstance(expr, relax.Tuple):
-        fields = expr.fields
-    elif isinstance(expr, (list, tuple, tvm.ir.container.Array)):
-        fields = expr
-    else:
+    """Integers of an attribute tuple (strided_slice's axes/begin/end are Tuples of IntImms)."""
+    if not isinstance(expr, relax.Tuple):
         return None
+    fields = expr.fields
     values = []
     for field in fields:
-        value = field.value if isinstance(field, relax.PrimValue) else field
-        if not isinstance(value, (int, tvm.tirx.IntImm)):
+        if not isinstance(field, (int, tvm.tirx.IntImm)):
             return None
-        values.append(int(value))
+        values.append(int(field))
     return values
 
 
