@@ -155,6 +155,19 @@ def test_a_compatible_log_in_the_users_own_root_seeds_too(tmp_path):
     assert seed_log(TuningLog(tmp_path, ZNVER4), []) is None
 
 
+def test_each_opening_reads_its_own_seed(tmp_path):
+    """A seed is read for the log that opens it (one per costing session, so per compile),
+    through that log's verdicts; no process-wide table hands a later compile the same one."""
+    small_log(tmp_path, ZNVER4, tag="llvm-sapphirerapids-2c")
+    first_log = TuningLog(tmp_path, ZNVER4)
+    first = seed_log(first_log, [])
+    second = seed_log(TuningLog(tmp_path, ZNVER4), [])
+    assert second is not first and second.log is not first.log
+    assert first.log.verdicts is first_log.verdicts
+    assert second.kernel_count == first.kernel_count == 2
+    assert second.log.directory == first.log.directory  # the copy a writable log keeps
+
+
 @pytest.mark.skipif(target_isa(parse_target("llvm")) != tag_isa(SHIPPED_TAG),
                     reason="this CPU's vector ISA is not the shipped log's")
 def test_a_seeded_plan_predicts_from_the_seed(tmp_path, monkeypatch):

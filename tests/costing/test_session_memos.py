@@ -38,3 +38,17 @@ def test_each_session_keeps_its_own_analytic_estimates(tmp_path, counted_estimat
     assert len(counted_estimates) == 2 * len(kernels)  # the second session asked again
     cost_model.predict_kernels(second.tuning_log, TARGET, kernels)  # no memo: this call only
     assert len(counted_estimates) == 3 * len(kernels)
+
+
+def test_sessions_judge_log_lines_through_the_process_verdicts_unless_given_others(tmp_path):
+    """The one thing kept between compiles, on purpose and in sight: the line verdicts."""
+    from korch_tvm.costing.log_lines import LineVerdicts
+    from korch_tvm.costing.session import PROCESS_VERDICTS
+
+    config = KorchConfig(tuning_logs=str(tmp_path), target=TARGET)
+    with CostingSession.open(config) as first, CostingSession.open(config) as second:
+        assert first.tuning_log is not second.tuning_log
+        assert first.tuning_log.verdicts is second.tuning_log.verdicts is PROCESS_VERDICTS
+    own = LineVerdicts()
+    with CostingSession.open(config, verdicts=own) as session:
+        assert session.tuning_log.verdicts is own

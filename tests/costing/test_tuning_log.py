@@ -327,9 +327,37 @@ def test_records_timed_with_warm_caches_are_counted_and_reported(tmp_path, caplo
     log.commit_run(kernels[1], [1e-6])  # one sample: the protocol before 2026-12-01
     log.commit_run(kernels[0], [1e-6, 1e-6])
     with caplog.at_level(logging.WARNING, logger="korch_tvm.tuning_log"):
-        assert TuningLog(tmp_path, TARGET).warm_timed_records() == 2
-        TuningLog(tmp_path, TARGET)  # said once per directory and process
+        again = TuningLog(tmp_path, TARGET)
+        assert again.warm_timed_records() == 2
+        again.refresh()
     assert caplog.text.count("2 of 4 records were timed") == 1 and "afresh" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="korch_tvm.tuning_log"):
+        TuningLog(tmp_path, TARGET)  # said once per log opened (a compile opens one), not
+    assert caplog.text.count("2 of 4 records were timed") == 1  # once per process
+
+
+def test_lines_are_judged_once_per_verdicts_object(tmp_path, monkeypatch):
+    """Each log judges its lines through its `verdicts`: logs sharing one (a process's
+    compiles, through their sessions) judge a line once; a log of its own judges it again."""
+    from korch_tvm.costing import log_lines
+    from korch_tvm.costing.log_lines import LineVerdicts
+
+    log = TuningLog(tmp_path, TARGET)
+    for index, kernel in enumerate(small_kernels(sizes=(16,)).values()):
+        log.commit_run(kernel, [1e-5 * (index + 1)] * 3)
+    judged = []
+    real = log_lines.check_workload
+    monkeypatch.setattr(log_lines, "check_workload", lambda value: judged.append(1) or real(value))
+    shared = LineVerdicts()
+    first = TuningLog(tmp_path, TARGET, verdicts=shared)
+    assert len(judged) == 2 and len(shared) == 2 + 2  # two workload lines, two record lines
+    assert TuningLog(tmp_path, TARGET, verdicts=shared).best_seconds(kernel) == \
+        first.best_seconds(kernel) == pytest.approx(2e-5)
+    assert len(judged) == 2  # the same lines, judged already
+    TuningLog(tmp_path, TARGET)
+    TuningLog(tmp_path, TARGET)
+    assert len(judged) == 2 + 2 + 2  # each log of its own judges them again
 
 
 def test_a_log_file_linked_outside_its_directory_is_refused(tmp_path):

@@ -13,8 +13,8 @@ import pytest
 from korch_tvm.costing import tuning_log
 from korch_tvm.costing.log_files import (REASONS_SUFFIX, RECORD_FILE, REJECTED_SUFFIX,
                                          WORKLOAD_FILE, LogDirectory)
-from korch_tvm.costing.log_lines import (_parse_record, check_times, record_refusal,
-                                         record_seconds)
+from korch_tvm.costing.log_lines import (LineVerdicts, _parse_record, check_times,
+                                         record_refusal, record_seconds)
 from korch_tvm.costing.log_reading import load_table, sync_table
 from korch_tvm.costing.log_table import _Table
 from korch_tvm.costing.trace_policy import Refused
@@ -62,9 +62,9 @@ def test_a_record_of_a_refused_or_missing_workload_is_not_parsed(tmp_path):
     table = _Table()
     table.refused_workloads.add(0)
     with pytest.raises(Refused, match=r"its workload \(line 1\) was refused"):
-        _parse_record(records[0], table)
+        _parse_record(records[0], table, LineVerdicts())
     with pytest.raises(ValueError, match="workload index 1 is missing or corrupt"):
-        _parse_record(records[1], table)
+        _parse_record(records[1], table, LineVerdicts())
 
 
 def test_loading_keeps_every_line_number_and_sets_bad_lines_aside(tmp_path):
@@ -78,7 +78,7 @@ def test_loading_keeps_every_line_number_and_sets_bad_lines_aside(tmp_path):
     files.write_whole(RECORD_FILE, b"\n".join(
         [kept[0], _with_index(records[1], 1), fast, kept[1], records[0][:40]]))
 
-    table = load_table(files)
+    table = load_table(files, LineVerdicts())
     assert sorted(table.workloads) == [0, 1, 2] and table.canonical == {0: 0, 1: 0, 2: 2}
     assert files.read(WORKLOAD_FILE).splitlines() == [workloads[0], workloads[0], workloads[1]]
     assert files.read(RECORD_FILE).splitlines() == kept
@@ -97,12 +97,13 @@ def test_sync_reads_appended_lines_and_reloads_a_replaced_file(tmp_path):
     files = LogDirectory(str(tmp_path / "shared"))
     files.write_whole(WORKLOAD_FILE, b"\n".join(workloads) + b"\n")
     files.write_whole(RECORD_FILE, records[0] + b"\n")
-    table = load_table(files)
+    verdicts = LineVerdicts()
+    table = load_table(files, verdicts)
     files.append(RECORD_FILE, records[1] + b"\n")  # another process's write
-    assert sync_table(files, table) is table and table.size() == 2
+    assert sync_table(files, table, verdicts) is table and table.size() == 2
 
     files.replace(RECORD_FILE, [records[1]])  # another process set a record aside
-    reloaded = sync_table(files, table)
+    reloaded = sync_table(files, table, verdicts)
     assert reloaded is not table and reloaded.size() == 1 and list(reloaded.records) == [1]
 
 

@@ -18,6 +18,7 @@ import tvm
 import tvm_ffi
 from tvm.s_tir.meta_schedule.database import TuningRecord, Workload
 
+from ..support.memo import KeyedMemo
 from .metaschedule_setup import SAMPLES
 from .trace_policy import Refused, check_record, check_workload
 
@@ -82,40 +83,51 @@ def _record_key(record: TuningRecord) -> str:
     return json.dumps([trace, run_secs])
 
 
-# Policy verdicts by a digest of the checked bytes: a compile opens its log several times, and a
-# merge reads the same records twice (source, destination); each line is judged once a process.
-_VERDICTS: dict[bytes, str | None] = {}
+class LineVerdicts:
+    """The policy's verdict on every line judged so far, by a digest of the line's bytes.
+
+    It may outlive a compile: judging every line of a 20 MB log again takes about a second a
+    compile, and a process that compiles again (a notebook, a service, the tests) reads the
+    same lines; `costing/session.py` passes one object to every compile's logs. A merge reads
+    the same records twice (source, destination), so it passes one to both sides.
+    """
+
+    def __init__(self, kept: int = 200_000) -> None:
+        self._verdicts: KeyedMemo[str | None] = KeyedMemo(kept)
+
+    def judge(self, data: bytes, check, value) -> None:
+        """Run `check(value)` unless these exact bytes were judged before; `Refused` either way."""
+        digest = hashlib.blake2b(data, digest_size=16).digest()
+        verdict = self._verdicts.get(digest, lambda: _verdict(check, value))
+        if verdict is not None:
+            raise Refused(verdict)
+
+    def __len__(self) -> int:
+        return len(self._verdicts)
 
 
-def _judged(data: bytes, check, value) -> None:
-    """Run `check(value)` unless these exact bytes were judged before; `Refused` either way."""
-    digest = hashlib.blake2b(data, digest_size=16).digest()
-    if digest not in _VERDICTS:
-        if len(_VERDICTS) > 200_000:
-            _VERDICTS.clear()
-        try:
-            check(value)
-            _VERDICTS[digest] = None
-        except Refused as err:
-            _VERDICTS[digest] = str(err)
-    if _VERDICTS[digest] is not None:
-        raise Refused(_VERDICTS[digest])
+def _verdict(check, value) -> str | None:
+    try:
+        check(value)
+    except Refused as err:
+        return str(err)
+    return None
 
 
-def _parse_workload(line: bytes) -> Workload:
+def _parse_workload(line: bytes, verdicts: LineVerdicts) -> Workload:
     """The workload of a line; `Refused` when the policy does not allow its TIR."""
     value = json.loads(line)
     if not (isinstance(value, list) and len(value) == 2 and all(isinstance(v, str) for v in value)):
         raise ValueError("not a [hash, module] pair")
-    _judged(line, check_workload, value)
+    verdicts.judge(line, check_workload, value)
     return Workload.from_json(value)
 
 
-def _parse_record(line: bytes, table) -> tuple[int, list]:
+def _parse_record(line: bytes, table, verdicts: LineVerdicts) -> tuple[int, list]:
     """(workload line, the record's JSON), its shape checked; the trace is read when used.
 
     `table` is the log's index so far (a `log_table._Table`): a record must name one of its
-    workloads, and one it refused is refused with it.
+    workloads, and one it refused is refused with it. `verdicts` judges the policy's part.
     """
     value = json.loads(line)
     if not (isinstance(value, list) and len(value) == 2 and isinstance(value[0], int)):
@@ -126,7 +138,7 @@ def _parse_record(line: bytes, table) -> tuple[int, list]:
         raise ValueError(f"workload index {value[0]} is missing or corrupt")
     _check_record_shape(value[1])
     # judged by the record's own bytes, whatever its workload index: as commit_records_json does
-    _judged(line[line.index(b",") + 1:line.rindex(b"]")], _check_record_policy, value[1])
+    verdicts.judge(line[line.index(b",") + 1:line.rindex(b"]")], _check_record_policy, value[1])
     return value[0], value[1]
 
 

@@ -19,25 +19,28 @@ import os
 from ..errors import KorchError
 from .trace_policy import Refused
 from .log_files import ATTEMPTS_FILE, RECORD_FILE, WORKLOAD_FILE, _split_lines
-from .log_lines import _parse_record, _parse_workload
+from .log_lines import LineVerdicts, _parse_record, _parse_workload
 from .log_table import _Table
 from .tuning_log import TuningLog
 
 logger = logging.getLogger("korch_tvm.log_merge")
 
 
-def merge_log_directory(source: str, destination: str) -> dict:
+def merge_log_directory(source: str, destination: str,
+                        verdicts: LineVerdicts | None = None) -> dict:
     """Merge the tag directory `source` (`<root>/<tag>`) into `destination` (created if
-    missing). Returns counts: workloads_added, records_added, duplicates, refused, corrupt."""
+    missing), both sides judging lines through `verdicts` (None: one for this merge).
+    Returns counts: workloads_added, records_added, duplicates, refused, corrupt."""
     source, destination = os.fspath(source), os.fspath(destination)
     if not os.path.isfile(os.path.join(source, WORKLOAD_FILE)):
         raise KorchError(f"{source} is not a tuning-log directory (it has no {WORKLOAD_FILE})")
     if os.path.realpath(source) == os.path.realpath(destination):
         raise KorchError(f"cannot merge the tuning log {source} into itself")
-    table, counts = _read_source(source)
+    verdicts = LineVerdicts() if verdicts is None else verdicts
+    table, counts = _read_source(source, verdicts)
     log = TuningLog(os.path.dirname(os.path.abspath(destination)),
                     target_of_tag(os.path.basename(os.path.abspath(destination))),
-                    tag=os.path.basename(os.path.abspath(destination)))
+                    tag=os.path.basename(os.path.abspath(destination)), verdicts=verdicts)
     counts.update(workloads_added=0, records_added=0, duplicates=0)
     with log._locked():
         new = []
@@ -60,20 +63,20 @@ def merge_log_directory(source: str, destination: str) -> dict:
     return counts
 
 
-def _read_source(source: str) -> tuple[_Table, dict]:
+def _read_source(source: str, verdicts: LineVerdicts) -> tuple[_Table, dict]:
     """The source's workloads and allowed records, and how many lines were left behind."""
     counts = {"refused": 0, "corrupt": 0}
     table = _Table()
     for number, line in enumerate(_lines(source, WORKLOAD_FILE)):
         try:
-            table.add_workload(number, _parse_workload(line))
+            table.add_workload(number, _parse_workload(line, verdicts))
         except Refused:
             table.refused_workloads.add(number)
         except Exception:  # noqa: BLE001 - any parse failure is a corrupt line
             pass
     for line in _lines(source, RECORD_FILE):
         try:
-            table.add_record(*_parse_record(line, table))
+            table.add_record(*_parse_record(line, table, verdicts))
         except Refused as err:
             counts["refused"] += 1
             logger.warning("tuning log %s: a record is not merged: %s", source, err)

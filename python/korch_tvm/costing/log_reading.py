@@ -14,7 +14,7 @@ import logging
 from dataclasses import dataclass, field
 
 from .log_files import RECORD_FILE, WORKLOAD_FILE, LogDirectory, _split_lines
-from .log_lines import _parse_record, _parse_workload, _short
+from .log_lines import LineVerdicts, _parse_record, _parse_workload, _short
 from .log_table import _Table
 from .trace_policy import Refused
 
@@ -31,14 +31,16 @@ class _Sorted:
     refused: list[tuple[bytes, str]] = field(default_factory=list)  # (line, reason)
 
 
-def load_table(files: LogDirectory) -> _Table:
-    """The index of both files of `files`, parsed from scratch; where a line had to be left
-    out and the directory is writable, the files are first rewritten clean (and read again)."""
+def load_table(files: LogDirectory, verdicts: LineVerdicts) -> _Table:
+    """The index of both files of `files`, parsed from scratch, each line judged through
+    `verdicts`; where a line had to be left out and the directory is writable, the files are
+    first rewritten clean (and read again)."""
     table = _Table()
     workload_lines, workload_tail = _split_lines(files.read(WORKLOAD_FILE))
     record_lines, record_tail = _split_lines(files.read(RECORD_FILE))
-    workloads = _add_workloads(table, workload_lines + ([workload_tail] if workload_tail else []))
-    records = _add_records(table, record_lines + ([record_tail] if record_tail else []))
+    workloads = _add_workloads(table, workload_lines + ([workload_tail] if workload_tail else []),
+                               verdicts)
+    records = _add_records(table, record_lines + ([record_tail] if record_tail else []), verdicts)
     # A complete last line without its newline would swallow the next append: rewrite too.
     needs_rewrite = bool(workloads.bad or records.bad or workload_tail or record_tail
                          or records.refused or workloads.refused)
@@ -48,7 +50,7 @@ def load_table(files: LogDirectory) -> _Table:
                            reason.split(":")[0], reason.split(": ", 1)[1])
     if needs_rewrite and files.writable:
         _rewrite_clean(files, workloads, records)
-        return load_table(files)
+        return load_table(files, verdicts)
     if needs_rewrite:
         for reason in workloads.bad_reasons + records.bad_reasons:
             logger.warning("tuning log %s: skipped a corrupt line (%s)", files.directory, reason)
@@ -59,13 +61,13 @@ def load_table(files: LogDirectory) -> _Table:
     return table
 
 
-def _add_workloads(table: _Table, lines: list[bytes]) -> _Sorted:
+def _add_workloads(table: _Table, lines: list[bytes], verdicts: LineVerdicts) -> _Sorted:
     """Add the workload lines `table` can use; a refused one keeps its number in
     `table.refused_workloads` (its records are refused with it)."""
     found = _Sorted()
     for line_no, line in enumerate(lines):
         try:
-            table.add_workload(line_no, _parse_workload(line))
+            table.add_workload(line_no, _parse_workload(line, verdicts))
             found.good[line_no] = line
         except Refused as err:  # kept in place of a filler until the files are rewritten
             table.refused_workloads.add(line_no)
@@ -76,12 +78,12 @@ def _add_workloads(table: _Table, lines: list[bytes]) -> _Sorted:
     return found
 
 
-def _add_records(table: _Table, lines: list[bytes]) -> _Sorted:
+def _add_records(table: _Table, lines: list[bytes], verdicts: LineVerdicts) -> _Sorted:
     """Add the record lines whose workload `table` holds and that the policy allows."""
     found = _Sorted()
     for line_no, line in enumerate(lines):
         try:
-            table.add_record(*_parse_record(line, table))
+            table.add_record(*_parse_record(line, table, verdicts))
             found.good[line_no] = line
         except Refused as err:
             found.refused.append((line, f"record line {line_no + 1}: {err}"))
@@ -103,27 +105,28 @@ def _rewrite_clean(files: LogDirectory, workloads: _Sorted, records: _Sorted) ->
     files.replace(WORKLOAD_FILE, _renumbered(workloads.good))
 
 
-def sync_table(files: LogDirectory, table: _Table) -> _Table:
-    """`table` with the lines other processes appended to `files` since it was read; a fresh
-    `load_table` when the files were replaced, a line was cut short, or a new line is bad."""
+def sync_table(files: LogDirectory, table: _Table, verdicts: LineVerdicts) -> _Table:
+    """`table` with the lines other processes appended to `files` since it was read (judged
+    through `verdicts`); a fresh `load_table` when the files were replaced, a line was cut
+    short, or a new line is bad."""
     if files.file_ids() != table.file_ids:
-        return load_table(files)
+        return load_table(files, verdicts)
     new_workloads = files.read(WORKLOAD_FILE, table.workload_bytes)
     new_records = files.read(RECORD_FILE, table.record_bytes)
     if (new_workloads and not new_workloads.endswith(b"\n")) or (
         new_records and not new_records.endswith(b"\n")
     ):
-        return load_table(files)  # a writer died mid-line
+        return load_table(files, verdicts)  # a writer died mid-line
     try:
         for line in _split_lines(new_workloads)[0]:
-            table.add_workload(table.workload_lines, _parse_workload(line))
+            table.add_workload(table.workload_lines, _parse_workload(line, verdicts))
             table.workload_lines += 1
             table.workload_bytes += len(line) + 1
         for line in _split_lines(new_records)[0]:
-            table.add_record(*_parse_record(line, table))
+            table.add_record(*_parse_record(line, table, verdicts))
             table.record_bytes += len(line) + 1
     except Exception:  # noqa: BLE001 - a bad appended line: clean everything
-        return load_table(files)
+        return load_table(files, verdicts)
     return table
 
 

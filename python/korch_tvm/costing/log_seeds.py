@@ -203,7 +203,7 @@ def _merge_same_tag(source: str, tuning_log: TuningLog) -> None:
     """Merge a seed of this very tag into the log, with its cost model when the log has none."""
     from .log_merge import merge_log_directory
 
-    counts = merge_log_directory(source, tuning_log.directory)
+    counts = merge_log_directory(source, tuning_log.directory, tuning_log.verdicts)
     for name in COST_MODEL_FILES:
         if os.path.isfile(os.path.join(source, name)) and tuning_log.writable and \
                 not os.path.exists(os.path.join(tuning_log.directory, name)):
@@ -235,32 +235,24 @@ def _distance(entry: tuple[str, str], local_tag: str, own_root: str) -> tuple:
             -_line_count(os.path.join(root, tag, RECORD_FILE)), tag)
 
 
-# Private, validated copies of seed logs, by directory and file state: a compile opens its log
-# once per layout planned.
-_SEEDS: dict[tuple, Seed] = {}
-SEEDS_KEPT = 8
 SEED_COPIES = ".seeds"  # in a writable log: validated copies of its seed, kept between compiles
 
 
 def _open_seed(directory: str, tag: str, tuning_log: TuningLog) -> Seed:
+    """The seed at `directory`, read once per compile: its costing session keeps it
+    (costing/session.py), and a writable log keeps the validated copy between compiles."""
     state = [os.path.realpath(directory),
              [[os.stat(path).st_size, os.stat(path).st_mtime_ns]
               for path in (os.path.join(directory, WORKLOAD_FILE),
                            os.path.join(directory, RECORD_FILE))]]
-    key = (tuning_log.directory, json.dumps(state))
-    seed = _SEEDS.get(key)
-    # a copy in a temporary folder goes with the compile's scratch folder (metaschedule_setup)
-    if seed is None or not os.path.isdir(seed.log.directory):
-        if len(_SEEDS) >= SEEDS_KEPT:
-            _SEEDS.clear()
-        seed = _SEEDS[key] = _private_copy(directory, tag, tuning_log, state)
-    return seed
+    return _private_copy(directory, tag, tuning_log, state)
 
 
 def _private_copy(directory: str, tag: str, tuning_log: TuningLog, state: list) -> Seed:
     """The seed read through a validating merge into a copy of its own: kept in the log's
     SEED_COPIES while the seed's files stay as they were (merging takes seconds, reading the
-    copy one), else in a temporary directory."""
+    copy one), else in a temporary directory, removed with the `Seed`. Lines are judged
+    through the log's own verdicts (`TuningLog.verdicts`)."""
     from .log_merge import merge_log_directory
     from .tuning_log import TuningLog
 
@@ -271,14 +263,15 @@ def _private_copy(directory: str, tag: str, tuning_log: TuningLog, state: list) 
         stamp = os.path.join(copies, tag + ".source.json")
         if not _stamped(stamp, state):
             shutil.rmtree(os.path.join(copies, tag), ignore_errors=True)
-            merge_log_directory(directory, os.path.join(copies, tag))
+            merge_log_directory(directory, os.path.join(copies, tag), tuning_log.verdicts)
             with open(stamp, "w", encoding="utf-8") as file:
                 json.dump(state, file)
     else:
         holder = tempfile.TemporaryDirectory(prefix="korch-tvm-seed-")
         copies = holder.name
-        merge_log_directory(directory, os.path.join(copies, tag))
-    return Seed(tag, target_isa(target), TuningLog(copies, target, tag=tag), holder)
+        merge_log_directory(directory, os.path.join(copies, tag), tuning_log.verdicts)
+    seed_copy = TuningLog(copies, target, tag=tag, verdicts=tuning_log.verdicts)
+    return Seed(tag, target_isa(target), seed_copy, holder)
 
 
 def _stamped(stamp: str, state: list) -> bool:

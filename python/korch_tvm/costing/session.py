@@ -5,6 +5,11 @@ Both compile paths cost kernels through a session: the stock path (`profile`) an
 planning of one compile. They share what is slow to make or must be one per compile: the tuning
 log (read once) and the seed log it uses, one runner and one builder pool (their workers start
 once), one time budget, and a scratch folder for the builders' artifacts, removed at the end.
+
+What a session remembers (the analytic estimates, the seed it read) goes with it. One thing
+outlives it, on purpose: `PROCESS_VERDICTS`, the policy's verdicts on the log lines already
+judged (`log_lines.LineVerdicts`), which `open_tuning_log` hands to every compile's logs unless
+given others.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from ..support.memo import KeyedMemo
 from .cost_model import default_predictor
 from .kernel_costs import KernelCost, Predictor, summarize
 from .library_costs import LibraryCosts
+from .log_lines import LineVerdicts
 from .log_seeds import Seed, seed_log
 from .measure import measure_kernels, profile_kernels, trial_allocation, tune_kernels
 from .pooled_builder import PooledBuilder
@@ -43,13 +49,19 @@ class Costing:
     tuning_log: TuningLog
 
 
-def open_tuning_log(config: KorchConfig, scratch: str | None = None
-                    ) -> tuple[TuningLog, Seed | None]:
+# Kept for the process: judging a 20 MB log's lines again costs about a second every compile.
+PROCESS_VERDICTS = LineVerdicts()
+
+
+def open_tuning_log(config: KorchConfig, scratch: str | None = None,
+                    verdicts: LineVerdicts | None = None) -> tuple[TuningLog, Seed | None]:
     """The configured log, or a throw-away one under `scratch` (None: the temporary folder)
     when the user keeps no logs, seeded when it is empty (costing/log_seeds.py), and the
-    foreign seed it uses for predictions and starting points."""
+    foreign seed it uses for predictions and starting points. Both judge their lines through
+    `verdicts` (None: `PROCESS_VERDICTS`)."""
     root = config.tuning_logs or tempfile.mkdtemp(prefix="korch-tvm-log-", dir=scratch)
-    tuning_log = TuningLog(root, config.target)
+    verdicts = PROCESS_VERDICTS if verdicts is None else verdicts
+    tuning_log = TuningLog(root, config.target, verdicts=verdicts)
     return tuning_log, seed_log(tuning_log)
 
 
@@ -78,14 +90,16 @@ class CostingSession:
     @classmethod
     @contextmanager
     def open(cls, config: KorchConfig, tuning_log: TuningLog | None = None,
-             seed: Seed | None = None) -> Iterator[CostingSession]:
+             seed: Seed | None = None, verdicts: LineVerdicts | None = None
+             ) -> Iterator[CostingSession]:
         """A session for `config`, closed (builder pool stopped, scratch folder removed) at the
         end. `tuning_log` (with its `seed`): one opened already, which then outlives the
-        session; None: the configured one (a throw-away log goes with the scratch folder)."""
+        session; None: the configured one (a throw-away log goes with the scratch folder),
+        its lines judged through `verdicts` (None: `PROCESS_VERDICTS`)."""
         scratch = tempfile.mkdtemp(prefix="korch-tvm-scratch-")
         try:
             if tuning_log is None:
-                tuning_log, seed = open_tuning_log(config, scratch)
+                tuning_log, seed = open_tuning_log(config, scratch, verdicts)
             session = cls(config, tuning_log, seed, scratch)
             try:
                 yield session

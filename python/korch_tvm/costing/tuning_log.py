@@ -40,25 +40,26 @@ from ..backend.target import inside_root, parse_target, target_tag
 from ..errors import EnvironmentFault
 from .log_database import _LogDatabase, default_trace
 from .log_files import ATTEMPTS_FILE, RECORD_FILE, WORKLOAD_FILE, LogDirectory, _split_lines
-from .log_lines import (FAILED_RUN_SECONDS, _check_record_policy, _check_record_shape,
-                        _dump_line, _judged, _record_json, _record_key, _timed_warm)
+from .log_lines import (FAILED_RUN_SECONDS, LineVerdicts, _check_record_policy,
+                        _check_record_shape, _dump_line, _record_json, _record_key, _timed_warm)
 from .log_reading import load_table, sync_table
 from .log_table import LoggedKernel
 from .trace_policy import Refused
 
 logger = logging.getLogger("korch_tvm.tuning_log")
 
-_WARNED_TIMED_WARM: set[str] = set()  # directories whose warm-timed records were reported
-
 
 class TuningLog:
     """The tuning log of one target: lookups by kernel module and a MetaSchedule `database`."""
 
     def __init__(self, root_dir: str | os.PathLike, target="llvm", *,
-                 tag: str | None = None) -> None:
+                 tag: str | None = None, verdicts: LineVerdicts | None = None) -> None:
         """The log of `target` under `root_dir`, in `root_dir/<target tag>` (or `root_dir/tag`
-        when given: a directory of another tag, as `merge_log_directory` opens)."""
+        when given: a directory of another tag, as `merge_log_directory` opens). Every line is
+        judged through `verdicts` (`log_lines.LineVerdicts`; None: the log's own), which
+        may be shared with other logs of the process: what was judged once is not again."""
         self.target = parse_target(target)
+        self.verdicts = LineVerdicts() if verdicts is None else verdicts
         self.directory = inside_root(os.fspath(root_dir), tag or target_tag(self.target))
         self._files = LogDirectory(self.directory)
         self.writable = self._files.writable
@@ -68,7 +69,7 @@ class TuningLog:
         self._attempts_parsed = (0, 0)  # (bytes, lines) of the file read so far
         self.pending_fault: EnvironmentFault | None = None
         with self._locked():
-            self._table = load_table(self._files)
+            self._table = load_table(self._files, self.verdicts)
         self.database = _LogDatabase(self)
         self._warn_if_timed_warm()
 
@@ -275,12 +276,9 @@ class TuningLog:
                    for runs in self._table.records.values() for run in runs)
 
     def _warn_if_timed_warm(self) -> None:
-        """Once per directory and process: a compile opens its log several times."""
-        if self.directory in _WARNED_TIMED_WARM:
-            return
+        """Once per log opened: a compile opens its log once (its costing session's)."""
         count = self.warm_timed_records()
         if count:
-            _WARNED_TIMED_WARM.add(self.directory)
             logger.warning("tuning log %s: %d of %d records were timed by an older korch_tvm "
                            "with warm caches after the first call; they look faster than new "
                            "measurements, so plans and tuning favour them. Start this log "
@@ -343,7 +341,7 @@ class TuningLog:
         dumped = [_dump_line(record)[:-1] for _, record in records]
         for (_, record), data in zip(records, dumped):
             _check_record_shape(record)
-            _judged(data, _check_record_policy, record)
+            self.verdicts.judge(data, _check_record_policy, record)
         if not records:
             return
         with self._locked():
@@ -370,4 +368,4 @@ class TuningLog:
 
     def _sync(self) -> None:
         """Catch up with lines other processes appended (a full, cleaning reload if need be)."""
-        self._table = sync_table(self._files, self._table)
+        self._table = sync_table(self._files, self._table, self.verdicts)
