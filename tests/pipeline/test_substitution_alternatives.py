@@ -142,3 +142,29 @@ def test_a_compile_offers_the_alternative_and_verifies(test_rule, tmp_path):
     assert substitutions["found"] == 1 and substitutions["sites"][0]["offered"]
     assert report["verification"]["passed"]
     assert all("columns" in piece and piece["rows"] > 0 for piece in report["plan"]["solver"])
+
+
+SITES = {"found": 2, "chosen": 1, "alternative_primitives": 3, "sites": [
+    {"rule": "double_as_sum", "replaces": ["b"], "primitives": 1, "offered": True,
+     "chosen": True, "saved_ms": 0.25},
+    {"rule": "double_as_sum", "replaces": ["d"], "primitives": 2, "offered": False,
+     "chosen": False}]}
+
+
+def test_the_summary_and_explain_say_what_was_found_chosen_and_saved():
+    from korch_tvm.report.text import explain_lines, summary_lines
+
+    plan = {"kernels_chosen": 2, "candidates": 9, "modelled_ms": 1.0, "substitutions": SITES}
+    line = next(x for x in summary_lines({"plan": plan}) if "substitutions" in x)
+    assert line.strip() == ("substitutions: 1 of 2 chosen (double_as_sum 1/2); together they "
+                            "save 0.250 ms modelled")
+    explanation = {"kernels": [], "recomputed": [], "solver_status": "optimal",
+                   "stock_diff": {"stock_kernels": 1, "same": [], "merged": [],
+                                  "part_of_stock": [], "split": []},
+                   "solver": [{"primitives": 5, "candidates": 9, "columns": 9, "rows": 14,
+                               "status": "optimal", "gap": 0.0, "seconds": 0.01}],
+                   "substitutions": SITES, "onnx_trace": "x"}
+    text = "\n".join(explain_lines(explanation))
+    assert "  double_as_sum for b (1 primitives): chosen, saves 0.250 ms" in text
+    assert "  double_as_sum for d (2 primitives): not offered (straddles a piece cut)" in text
+    assert "subproblem 0: 5 primitives, 9 candidates, 9 columns x 14 rows: optimal" in text

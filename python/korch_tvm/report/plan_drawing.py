@@ -115,6 +115,7 @@ def plan_html(explanation: dict) -> str:
         f"<tr><td>{i}</td><td>{p['primitives']}</td><td>{p['candidates']}</td>"
         f"<td>{esc(p['status'])}</td><td>{'n/a' if p['gap'] is None else format(p['gap'], '.2%')}"
         f"</td><td>{p['seconds']:.2f}</td></tr>" for i, p in enumerate(explanation["solver"]))
+    substitutions = _substitution_items(explanation.get("substitutions"))
     title = f"Korch plan: {explanation.get('model')}"
     opaque = (f"<p>Opaque ops kept as in the stock path: {esc(', '.join(explanation['opaque_ops']))}"
               "</p>" if explanation.get("opaque_ops") else "")
@@ -134,6 +135,7 @@ def plan_html(explanation: dict) -> str:
 {rows}</table>
 <h2>Recomputed primitives</h2><ul>{recomputed}</ul>
 <h2>Compared with stock FuseOps</h2><ul>{''.join(diff_items)}</ul>
+<h2>Substitutions</h2><ul>{substitutions}</ul>
 <h2>Solver</h2><table><tr><th>subproblem</th><th>primitives</th><th>candidates</th>
 <th>status</th><th>gap</th><th>seconds</th></tr>
 {solver}</table></div></main>
@@ -189,3 +191,16 @@ def _escape_dot(text: str) -> str:
 
 def _quote(text: str) -> str:
     return '"' + _escape_dot(text) + '"'
+
+
+def _substitution_items(substitutions, esc=html.escape) -> str:
+    """One list item per site found: its rule, what it replaces, chosen and the modelled saving."""
+    if not substitutions or not substitutions["found"]:
+        return "<li>none found</li>"
+    items = []
+    for site in substitutions["sites"]:
+        state = (f"chosen, saves {_ms(site.get('saved_ms'))} modelled" if site["chosen"]
+                 else "not chosen" if site["offered"] else "not offered (straddles a cut)")
+        items.append(f"<li>{esc(site['rule'])} for {esc(', '.join(site['replaces']))}: "
+                     f"{state}</li>")
+    return "".join(items)
