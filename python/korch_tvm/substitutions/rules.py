@@ -1,0 +1,35 @@
+"""The substitution rules, in the fixed order their alternatives are offered, and the search.
+
+The order only fixes the order of the returned alternatives (so plans and reports are
+reproducible); every rule looks at the unmodified `main`, never at another rule's output.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from tvm import relax
+
+from .alternative import Alternative, SubstitutionRule
+from .division_after_matmul import DivisionAfterMatmul, ScaleBeforeMatmul
+from .layout_chain import FoldLayoutChain
+from .merge_shared_input import MergeConvolutionsSharingInput, MergeMatmulsSharingInput
+from .split_fused_projection import SplitFusedProjection
+from .sum_as_matmul import MatmulAsSum, SumAsMatmul
+
+ALL_RULES: tuple[SubstitutionRule, ...] = (
+    DivisionAfterMatmul(),
+    ScaleBeforeMatmul(),
+    SumAsMatmul(),
+    MatmulAsSum(),
+    MergeMatmulsSharingInput(),
+    MergeConvolutionsSharingInput(),
+    SplitFusedProjection(),
+    FoldLayoutChain(),
+)
+
+
+def find_alternatives(main: relax.Function,
+                      rules: Sequence[SubstitutionRule] = ALL_RULES) -> list[Alternative]:
+    """Every alternative each rule finds in `main`, rule by rule in `rules`' order."""
+    return [alternative for rule in rules for alternative in rule.find(main)]
