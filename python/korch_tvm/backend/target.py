@@ -66,16 +66,25 @@ def device_for(target: Target):
     return tvm.cuda(0) if target.kind.name == "cuda" else tvm.cpu(0)
 
 
-def configure_threads(num_threads: int | None = None) -> int:
-    """Pin TVM's CPU thread pool to `num_threads` (default: every available core).
+def thread_count(num_threads: int | None = None) -> int:
+    """The CPU threads kernels run on: `num_threads`, else the user's TVM_NUM_THREADS, else
+    every available core (TVM's own default is half the hardware threads: one on 2 cores)."""
+    return int(num_threads or os.environ.get("TVM_NUM_THREADS") or host_core_count())
 
-    TVM's default is half the hardware threads, i.e. one thread on a 2-core machine. The
-    environment variable is read when the pool is first made; the global call resizes an
-    existing pool, so this works before and after the first kernel runs.
+
+def configure_threads(num_threads: int | None = None) -> int:
+    """Size the calling thread's TVM pool to `thread_count(num_threads)` threads; returns it.
+
+    The count goes to TVM itself, not through the environment (a library call leaves that
+    alone): `runtime.config_threadpool` with a CPU list of that length, which is what raises
+    the thread's limit (TVM's `max_concurrency`) from its default. In mode 1 (big cores) the
+    list's entries pin nothing. TVM keeps one pool per thread and sizes it when the thread first
+    runs a kernel, so call this first: afterwards a pool can only shrink. A worker process
+    (a runner's) calls it as its initializer, the count its argument.
     """
-    count = int(num_threads or os.environ.get("TVM_NUM_THREADS") or host_core_count())
-    os.environ["TVM_NUM_THREADS"] = str(count)
+    count = thread_count(num_threads)
     config = tvm.get_global_func("runtime.config_threadpool", allow_missing=True)
     if config is not None:
-        config(1, count)  # mode 1 = big cores; one worker per requested thread
+        config(1, count, [str(cpu) for cpu in range(count)])  # mode 1 = big cores
     return count
+

@@ -7,10 +7,12 @@ log lines are routed into `korch_tvm.metaschedule`, silent unless the applicatio
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from ..backend.target import configure_threads
 from ..errors import KorchError, error_summary
 from .metaschedule_setup import (SAMPLES, evaluator_config, evaluator_for_target,
                                  skip_gpu_tensor_intrin)
@@ -42,16 +44,19 @@ def rpc_runner(tracker_host: str, tracker_port: int, key: str, *, cache_flush: b
     )
 
 
-def local_runner(target, *, cache_flush: bool | None = None):
+def local_runner(target, *, cache_flush: bool | None = None, threads: int | None = None):
     """The default runner for `target`: this machine, cold caches on the CPU (as kernels run
-    inside a model) unless `cache_flush` says otherwise (None: per target)."""
+    inside a model) unless `cache_flush` says otherwise (None: per target); its worker runs
+    kernels on `threads` threads (None: as TVM sizes its pool there)."""
     from tvm.s_tir import meta_schedule as ms
 
     if target.kind.name != "llvm":
         cache_flush = False  # a GPU has no CPU cache to flush; the GPU settings time it warm
+    initializer = None if threads is None else functools.partial(configure_threads, threads)
     return ms.runner.LocalRunner(evaluator_config=evaluator_for_target(target,
                                                                        cache_flush=cache_flush),
-                                 f_alloc_argument=alloc_in_range_arguments)  # indices in range
+                                 f_alloc_argument=alloc_in_range_arguments,  # indices in range
+                                 initializer=initializer)
 
 
 def configured_runner(config):

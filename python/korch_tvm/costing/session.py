@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import tvm
 
 from ..backend.cuda import device_present, is_cuda
-from ..backend.target import host_core_count
+from ..backend.target import host_core_count, thread_count
 from ..config import KorchConfig
 from ..kernels.fused import structural_key
 from ..layout.activations import layout_trial_share
@@ -72,13 +72,16 @@ class CostingSession:
     `seed` the log and the seed log it uses, `scratch` the folder builders export into. Its
     runner, builder pool and cost model are made on first use and serve every later call;
     `estimates` keeps the analytic estimates (by kernel key and target) its planning asks for
-    (`cost_model.predict_kernels`), for this compile only.
+    (`cost_model.predict_kernels`), for this compile only. `threads`: the CPU threads its
+    runner's worker runs kernels on (`config.num_threads`, passed to the worker, as
+    `configure_threads` sizes this process's pool).
     """
 
     def __init__(self, config: KorchConfig, tuning_log: TuningLog, seed: Seed | None,
                  scratch: str) -> None:
         self.config = config
         self.target = config.target  # resolved to a Target where the config is made
+        self.threads = thread_count(config.num_threads)
         self.tuning_log, self.seed, self.scratch = tuning_log, seed, scratch
         budget = config.time_budget
         self.deadline = math.inf if budget is None else time.perf_counter() + max(0.0, budget)
@@ -128,7 +131,7 @@ class CostingSession:
         if not self._runner_made:
             self._runner = configured_runner(self.config)
             if self._runner is None and device_present(self.target):
-                self._runner = local_runner(self.target)
+                self._runner = local_runner(self.target, threads=self.threads)
             self._runner_made = True
         return self._runner
 
