@@ -83,3 +83,34 @@ def test_cublas_gemm_matches_numpy_on_a_gpu(tmp_path):
         tvm.runtime.tensor(q, dev), tvm.runtime.tensor(k, dev), 0, 1, out)
     want = q @ k.transpose(0, 2, 1)
     assert np.abs(out.numpy() - want).max() / np.abs(want).max() <= 1e-5
+
+
+CUDA_STUBS = {   # just enough declarations for a host compiler to check cublas_ext.cu's C++
+    "cuda_runtime.h": "int cudaSetDevice(int);\n",
+    "cublas_v2.h": """
+typedef struct cublasContext* cublasHandle_t;
+typedef struct CUstream_st* cudaStream_t;
+typedef enum { CUBLAS_STATUS_SUCCESS = 0 } cublasStatus_t;
+typedef enum { CUBLAS_OP_N = 0, CUBLAS_OP_T = 1 } cublasOperation_t;
+cublasStatus_t cublasCreate(cublasHandle_t*);
+cublasStatus_t cublasSetStream(cublasHandle_t, cudaStream_t);
+cublasStatus_t cublasSgemmStridedBatched(cublasHandle_t, cublasOperation_t, cublasOperation_t,
+    int, int, int, const float*, const float*, int, long long, const float*, int, long long,
+    const float*, float*, int, long long, int);
+"""}
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="no g++ on this host")
+def test_the_cuda_source_and_its_shared_checks_pass_a_host_syntax_check(tmp_path):
+    """Without nvcc: the .cu file, with the operand-check header it shares with blas_ext.cc,
+    is checked as C++ against stub CUDA headers, so an edit of the header cannot break it
+    unseen."""
+    import tvm_ffi.libinfo
+    for name, text in CUDA_STUBS.items():
+        (tmp_path / name).write_text(text)
+    for source in (cublas_build.CUBLAS_SOURCE, cublas_build.SOURCE_DIR / "gemm_operands.h"):
+        done = subprocess.run(["g++", "-std=c++17", "-fsyntax-only", "-Wall", "-Werror", "-x", "c++",
+                               f"-I{tmp_path}", f"-I{tvm_ffi.libinfo.find_include_path()}",
+                               str(source)], capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr[-2000:]
+    assert '#include "gemm_operands.h"' in cublas_build.CUBLAS_SOURCE.read_text()

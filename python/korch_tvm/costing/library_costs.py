@@ -1,7 +1,8 @@
 """Library implementations as costs: a GEMM kernel costs the cheaper of TVM's and the BLAS's time.
 
 A kernel that `library.implementations_for` can compute with a vendor call (an OpenBLAS GEMM or
-batched GEMM) is timed once in that form, and its cost becomes the lower of the two
+batched GEMM, with the kernel's bias / residual / activation epilogue inside the call) is timed
+once in that form, and its cost becomes the lower of the two
 (`kernel_costs.cheaper_of`), so the solver weighs "library GEMM plus a separate epilogue
 kernel" against "TVM kernel with the epilogue fused". Library times are measured once per
 implementation and GEMM shape and kept in `library_times.json` beside the tuning log, so a
@@ -34,8 +35,11 @@ LIBRARY_TIMES_FILE = "library_times.json"
 FORMAT_VERSION = 1
 KNOWN_IMPLEMENTATIONS = ("openblas.sgemm", "openblas.sbgemm", "cublas.sgemm", "cublas.sbgemm")
 # A GEMM call: implementation, then every GemmSpec field its time depends on.
-_ENTRY = re.compile(r"(?P<name>[a-z]+\.[a-z]+) batch=\d{1,10} m=\d{1,10} n=\d{1,10} "
-                    r"k=\d{1,10} ta=[01] tb=[01] ab=[01] bb=[01]")
+# The name is the routine, then "+<step>" per epilogue step (library/epilogue_match.py).
+_ENTRY = re.compile(r"(?P<name>[a-z]+\.[a-z]+)(?P<steps>(?:\+[a-z0-9_.:e-]{1,40}){0,8}) "
+                    r"batch=\d{1,10} m=\d{1,10} n=\d{1,10} k=\d{1,10} ta=[01] tb=[01] ab=[01] bb=[01]")
+_STEPS = ("bias_n", "bias_m", "residual", "relu", "gelu_erf", "gelu_tanh", "sigmoid", "silu",
+          "hardswish")
 _MAX_SECONDS = 3600.0
 # A time is kept for good, so it is the least of a few medians: a multi-threaded BLAS call
 # synchronises its threads many times, and a core another process holds for a moment
@@ -62,11 +66,24 @@ def entry_problem(key, seconds) -> str | None:
         return "not a library call of a known form"
     if match["name"] not in KNOWN_IMPLEMENTATIONS:
         return f"unknown implementation {match['name']!r}"
+    for step in match["steps"].split("+")[1:]:
+        if not (step in _STEPS or _is_clip(step)):
+            return f"unknown epilogue step {step!r}"
     if isinstance(seconds, bool) or not isinstance(seconds, (int, float)):
         return f"time {seconds!r} is not a number"
     if not (math.isfinite(seconds) and 0 < seconds <= _MAX_SECONDS):
         return f"time {seconds!r} is not a finite positive number of seconds"
     return None
+
+
+def _is_clip(step: str) -> bool:
+    """clip:<low>:<high> with finite bounds, low <= high."""
+    parts = step.split(":")
+    try:
+        low, high = (float(x) for x in parts[1:]) if len(parts) == 3 else (math.nan, math.nan)
+    except ValueError:
+        return False
+    return parts[0] == "clip" and math.isfinite(low) and math.isfinite(high) and low <= high
 
 
 def read_library_times(path: str, warn: bool = True) -> dict[str, float]:

@@ -9,17 +9,26 @@
 //   korch_tvm.blas.sbgemm(A, B, transa, transb, C)  the same per batch; C has rank r >= 3,
 //       A and B have rank r (same leading dims as C), or rank 2 or leading dims all 1 (one
 //       matrix shared by every batch: a dense layer's or a 1x1 NHWC convolution's weight).
+//   Either with an epilogue: (A, B, transa, transb, steps, operands.., C), steps a string such
+//       as "bias_n gelu_erf" applied to C in order (gemm_epilogue.h).
 // op(X) is X, or X's last two axes swapped when its flag is nonzero. Every tensor must be a
-// compact row-major float32 tensor on the CPU; anything else raises a ValueError naming it.
+// compact row-major float32 tensor on the CPU (gemm_operands.h); anything else raises a
+// ValueError naming it.
 #include <cblas.h>
 #include <tvm/ffi/container/tensor.h>
 #include <tvm/ffi/error.h>
 #include <tvm/ffi/function.h>
+#include <tvm/ffi/string.h>
 
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <limits>
+#include <string>
+#include <vector>
+
+#include "gemm_epilogue.h"
+#include "gemm_operands.h"
 
 // TVM's CPU thread pool (libtvm_runtime's C backend API, declared here to need no TVM headers).
 extern "C" {
@@ -76,65 +85,11 @@ void ConfigureThreads() {
   scipy_openblas_set_num_threads(TvmPoolSize());
 }
 
+using korch_tvm::gemm::CheckedGemm;
+using korch_tvm::gemm::DataOf;
+using korch_tvm::gemm::EpilogueStep;
+using korch_tvm::gemm::GemmShape;
 using tvm::ffi::TensorView;
-
-void CheckFloat32Compact(const TensorView& t, const char* fn, const char* name, int min_ndim) {
-  DLDataType dt = t.dtype();
-  if (dt.code != kDLFloat || dt.bits != 32 || dt.lanes != 1) {
-    TVM_FFI_THROW(ValueError) << fn << ": " << name << " must be float32";
-  }
-  if (t.device().device_type != kDLCPU) {
-    TVM_FFI_THROW(ValueError) << fn << ": " << name << " must be on the CPU";
-  }
-  if (t.ndim() < min_ndim) {
-    TVM_FFI_THROW(ValueError) << fn << ": " << name << " must have rank >= " << min_ndim
-                              << ", got " << t.ndim();
-  }
-  if (!t.IsContiguous()) {
-    TVM_FFI_THROW(ValueError) << fn << ": " << name << " must be compact row-major";
-  }
-  if (t.numel() > 0 && t.data_ptr() == nullptr) {
-    TVM_FFI_THROW(ValueError) << fn << ": " << name << " has no data";
-  }
-}
-
-float* DataOf(const TensorView& t) {
-  return reinterpret_cast<float*>(static_cast<char*>(t.data_ptr()) + t.byte_offset());
-}
-
-// The BLAS takes 32-bit sizes; a dimension past that range is refused, never truncated.
-int AsBlasInt(int64_t v, const char* fn) {
-  if (v < 0 || v > std::numeric_limits<int>::max()) {
-    TVM_FFI_THROW(ValueError) << fn << ": dimension " << v << " exceeds the BLAS's 32-bit range";
-  }
-  return static_cast<int>(v);
-}
-
-struct GemmShape {
-  int64_t m, n, k;
-};
-
-// The (M, N, K) of op(A) op(B) = C from the last two axes, checked against C.
-GemmShape MatchGemm(const TensorView& a, const TensorView& b, bool ta, bool tb,
-                    const TensorView& c, const char* fn) {
-  int ra = a.ndim(), rb = b.ndim(), rc = c.ndim();
-  int64_t m = ta ? a.size(ra - 1) : a.size(ra - 2);
-  int64_t ka = ta ? a.size(ra - 2) : a.size(ra - 1);
-  int64_t kb = tb ? b.size(rb - 1) : b.size(rb - 2);
-  int64_t n = tb ? b.size(rb - 2) : b.size(rb - 1);
-  if (ka != kb) {
-    TVM_FFI_THROW(ValueError) << fn << ": reduction sizes differ: A gives " << ka << ", B gives "
-                              << kb;
-  }
-  if (c.size(rc - 2) != m || c.size(rc - 1) != n) {
-    TVM_FFI_THROW(ValueError) << fn << ": C must be [" << m << ", " << n << "] in its last two axes, got ["
-                              << c.size(rc - 2) << ", " << c.size(rc - 1) << "]";
-  }
-  AsBlasInt(m, fn);
-  AsBlasInt(n, fn);
-  AsBlasInt(ka, fn);
-  return {m, n, ka};
-}
 
 void Gemm(const float* a, const float* b, float* c, bool ta, bool tb, const GemmShape& s) {
   if (s.m == 0 || s.n == 0) return;
@@ -145,61 +100,85 @@ void Gemm(const float* a, const float* b, float* c, bool ta, bool tb, const Gemm
                     static_cast<int>(s.n) < 1 ? 1 : static_cast<int>(s.n));
 }
 
-void Sgemm(TensorView a, TensorView b, int64_t transa, int64_t transb, TensorView c) {
-  const char* fn = "korch_tvm.blas.sgemm";
-  ConfigureThreads();
-  CheckFloat32Compact(a, fn, "A", 2);
-  CheckFloat32Compact(b, fn, "B", 2);
-  CheckFloat32Compact(c, fn, "C", 2);
-  if (a.ndim() != 2 || b.ndim() != 2 || c.ndim() != 2) {
-    TVM_FFI_THROW(ValueError) << fn << ": A, B and C must all have rank 2 (use sbgemm for batches)";
-  }
-  GemmShape s = MatchGemm(a, b, transa != 0, transb != 0, c, fn);
-  Gemm(DataOf(a), DataOf(b), DataOf(c), transa != 0, transb != 0, s);
-}
-
-// A batched operand has C's leading dims; a rank-2 one, or one whose leading dims are all 1
-// (a [1, 1, C, K] convolution weight), is one matrix shared by every batch.
-bool IsBatched(const TensorView& x, const TensorView& c, const char* fn, const char* name) {
-  bool unit_lead = true;
-  for (int i = 0; i + 2 < x.ndim(); ++i) unit_lead = unit_lead && x.size(i) == 1;
-  if (unit_lead) return false;
-  if (x.ndim() != c.ndim()) {
-    TVM_FFI_THROW(ValueError) << fn << ": " << name << " must have rank 2 or C's rank " << c.ndim()
-                              << ", got " << x.ndim();
-  }
-  for (int i = 0; i + 2 < c.ndim(); ++i) {
-    if (x.size(i) != c.size(i)) {
-      TVM_FFI_THROW(ValueError) << fn << ": " << name << " axis " << i << " is " << x.size(i)
-                                << " but C's is " << c.size(i);
-    }
-  }
-  return true;
-}
-
-void Sbgemm(TensorView a, TensorView b, int64_t transa, int64_t transb, TensorView c) {
-  const char* fn = "korch_tvm.blas.sbgemm";
-  ConfigureThreads();
-  CheckFloat32Compact(a, fn, "A", 2);
-  CheckFloat32Compact(b, fn, "B", 2);
-  CheckFloat32Compact(c, fn, "C", 3);
-  bool ba = IsBatched(a, c, fn, "A"), bb = IsBatched(b, c, fn, "B");
-  bool ta = transa != 0, tb = transb != 0;
-  GemmShape s = MatchGemm(a, b, ta, tb, c, fn);
-  int64_t batch = 1;
-  for (int i = 0; i + 2 < c.ndim(); ++i) batch *= c.size(i);
+// C = op(A) op(B), per batch where C has batches; the operands passed CheckGemm.
+void RunGemm(const TensorView& a, const TensorView& b, bool ta, bool tb, const TensorView& c,
+             const CheckedGemm& g) {
+  const GemmShape& s = g.shape;
   const float* pa = DataOf(a);
   const float* pb = DataOf(b);
   float* pc = DataOf(c);
-  if (ba && !bb && !ta && batch * s.m <= std::numeric_limits<int>::max()) {
+  if (g.a_batched && !g.b_batched && !ta && g.batch * s.m <= std::numeric_limits<int>::max()) {
     // A's batches are consecutive row blocks, as are C's: one GEMM with batch * M rows.
-    Gemm(pa, pb, pc, false, tb, {batch * s.m, s.n, s.k});
+    Gemm(pa, pb, pc, false, tb, {g.batch * s.m, s.n, s.k});
     return;
   }
-  int64_t sa = ba ? s.m * s.k : 0, sb = bb ? s.k * s.n : 0, sc = s.m * s.n;
-  for (int64_t i = 0; i < batch; ++i) {
+  int64_t sa = g.a_batched ? s.m * s.k : 0, sb = g.b_batched ? s.k * s.n : 0, sc = s.m * s.n;
+  for (int64_t i = 0; i < g.batch; ++i) {
     Gemm(pa + i * sa, pb + i * sb, pc + i * sc, ta, tb, s);
   }
+}
+
+struct EpilogueJob {
+  const std::vector<EpilogueStep>* steps;
+  float* c;
+  int64_t rows, m, n;
+};
+
+// Cloned per instruction set where the compiler can (the loader picks the widest the CPU has),
+// so the activation loops run as 8- or 16-wide SIMD on a build that targets plain x86-64.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+__attribute__((target_clones("avx512f", "avx2", "default")))
+#endif
+int RunEpilogueRows(int task_id, TVMParallelGroupEnv* penv, void* cdata) {
+  auto* job = static_cast<EpilogueJob*>(cdata);
+  int64_t tasks = penv == nullptr ? 1 : std::max<int64_t>(1, penv->num_task);
+  int64_t per_task = (job->rows + tasks - 1) / tasks;
+  int64_t end = std::min(job->rows, (task_id + 1) * per_task);
+  for (int64_t row = task_id * per_task; row < end; ++row) {
+    for (const EpilogueStep& step : *job->steps) {
+      korch_tvm::gemm::ApplyStep(step, job->c, row, job->m, job->n);
+    }
+  }
+  return 0;
+}
+
+// The epilogue over C's batch * M rows, row by row (a row stays in cache through every step),
+// on TVM's pool when C is large enough to pay for waking it.
+void ApplyEpilogue(const std::vector<EpilogueStep>& steps, const TensorView& c,
+                   const CheckedGemm& g) {
+  EpilogueJob job{&steps, DataOf(c), g.batch * g.shape.m, g.shape.m, g.shape.n};
+  if (steps.empty() || job.rows == 0 || job.n == 0) return;
+  if (job.rows * job.n < (1 << 14)) {
+    RunEpilogueRows(0, nullptr, &job);
+    return;
+  }
+  TVMBackendParallelLaunch(RunEpilogueRows, &job, 0);
+}
+
+// sgemm / sbgemm: (A, B, transa, transb, C), or (A, B, transa, transb, steps, operands.., C)
+// with an epilogue (gemm_epilogue.h). Every operand is checked before C is written.
+void GemmCall(tvm::ffi::PackedArgs args, bool batched) {
+  const char* fn = batched ? "korch_tvm.blas.sbgemm" : "korch_tvm.blas.sgemm";
+  int count = args.size();
+  if (count < 5) {
+    TVM_FFI_THROW(TypeError) << fn << ": expects (A, B, transa, transb[, steps, operands..], C), "
+                             << "got " << count << " arguments";
+  }
+  TensorView a = args[0].cast<TensorView>(), b = args[1].cast<TensorView>();
+  TensorView c = args[count - 1].cast<TensorView>();
+  bool ta = args[2].cast<int64_t>() != 0, tb = args[3].cast<int64_t>() != 0;
+  ConfigureThreads();
+  CheckedGemm g = korch_tvm::gemm::CheckGemm(a, b, ta, tb, c, batched, fn, "the BLAS",
+                                             {kDLCPU, 0});
+  std::vector<EpilogueStep> steps;
+  if (count > 5) {
+    std::vector<TensorView> operands;
+    for (int i = 5; i + 1 < count; ++i) operands.push_back(args[i].cast<TensorView>());
+    std::string text = args[4].cast<tvm::ffi::String>();
+    steps = korch_tvm::gemm::ParseEpilogue(text, operands, c, g.shape, fn);
+  }
+  RunGemm(a, b, ta, tb, c, g);
+  ApplyEpilogue(steps, c, g);
 }
 
 // At most the TVM pool's size (see RunOnTvmPool); returns the count the BLAS now uses.
@@ -218,8 +197,14 @@ int64_t GetThreads() { return scipy_openblas_get_num_threads(); }
 
 TVM_FFI_STATIC_INIT_BLOCK() {
   using tvm::ffi::Function;
-  Function::SetGlobal("korch_tvm.blas.sgemm", Function::FromTyped(Sgemm), true);
-  Function::SetGlobal("korch_tvm.blas.sbgemm", Function::FromTyped(Sbgemm), true);
+  Function::SetGlobal("korch_tvm.blas.sgemm", Function::FromPacked([](tvm::ffi::PackedArgs args,
+                                                                      tvm::ffi::Any*) {
+                        GemmCall(args, false);
+                      }), true);
+  Function::SetGlobal("korch_tvm.blas.sbgemm", Function::FromPacked([](tvm::ffi::PackedArgs args,
+                                                                       tvm::ffi::Any*) {
+                        GemmCall(args, true);
+                      }), true);
   Function::SetGlobal("korch_tvm.blas.set_num_threads", Function::FromTyped(SetThreads), true);
   Function::SetGlobal("korch_tvm.blas.num_threads", Function::FromTyped(GetThreads), true);
 }

@@ -19,6 +19,8 @@ from pathlib import Path
 
 SOURCE_DIR = Path(__file__).resolve().parent
 BLAS_SOURCE = SOURCE_DIR / "blas_ext.cc"
+# The headers the extensions include (operand checks, the epilogue), hashed with each source.
+HEADERS = ("gemm_operands.h", "gemm_epilogue.h")
 _COMPILE_TIMEOUT_S = 600
 
 
@@ -63,10 +65,20 @@ def _tvm_runtime_library() -> Path:
         raise LibraryBuildError(f"TVM's libtvm_runtime.so not found: {error}") from error
 
 
-def build_key(source: Path = BLAS_SOURCE) -> str:
-    """Hash of the source, the BLAS it links and the tvm-ffi version: names the outputs."""
-    import tvm_ffi
+def source_digest(source: Path) -> "hashlib._Hash":
+    """sha256 of `source` and the headers beside it that the extensions include."""
     digest = hashlib.sha256(source.read_bytes())
+    for header in HEADERS:
+        path = source.parent / header
+        digest.update(path.read_bytes() if path.is_file() else b"")
+    return digest
+
+
+def build_key(source: Path = BLAS_SOURCE) -> str:
+    """Hash of the source (and headers), the BLAS it links and the tvm-ffi version: names the
+    outputs."""
+    import tvm_ffi
+    digest = source_digest(source)
     digest.update(str(openblas_paths()[1]).encode())
     digest.update(str(tvm_ffi.__version__).encode())
     return digest.hexdigest()[:12]
@@ -132,7 +144,9 @@ def build_blas_extension(directory: Path | None = None, force: bool = False) -> 
     runtime = _tvm_runtime_library()
     build_atomically(
         object_path, shared_path,
-        lambda obj: ([cxx, "-std=c++17", "-O2", "-fPIC", "-c", str(BLAS_SOURCE),
+        # -fno-trapping-math lets the epilogue's activation loops vectorise (gemm_epilogue.h)
+        lambda obj: ([cxx, "-std=c++17", "-O3", "-fno-trapping-math", "-fPIC", "-c",
+                      str(BLAS_SOURCE),
                       f"-I{ffi_include}", f"-I{blas_include}", "-o", str(obj)],
                      "compiling blas_ext.cc"),
         lambda obj, shared: ([cxx, "-shared", "-o", str(shared), str(obj), str(blas_library),

@@ -8,14 +8,13 @@ cuBLAS's headers get one line saying which is missing. The outputs mirror the BL
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
 import os
 import shutil
 from pathlib import Path
 
 from .compile_extension import (SOURCE_DIR, LibraryBuildError, _tvm_ffi_paths, build_atomically,
-                                find_cxx, library_dir)
+                                find_cxx, library_dir, source_digest)
 
 CUBLAS_SOURCE = SOURCE_DIR / "cublas_ext.cu"
 
@@ -73,7 +72,7 @@ def cublas_artifacts(directory: Path | None = None) -> tuple[Path, Path]:
 
     Named by the source alone, so a host that only runs (no nvcc) can still find it."""
     directory = Path(directory) if directory is not None else library_dir()
-    digest = hashlib.sha256(CUBLAS_SOURCE.read_bytes())
+    digest = source_digest(CUBLAS_SOURCE)
     stem = f"korch_cublas-{digest.hexdigest()[:12]}"
     return directory / f"{stem}.o", directory / f"{stem}.so"
 

@@ -1,4 +1,5 @@
-"""Recognise a kernel that is exactly a (batched) float32 GEMM, so a BLAS call can replace it.
+"""Recognise a kernel that is a (batched) float32 GEMM, with or without an elementwise epilogue,
+so a BLAS call can replace it.
 
 Matching works on the kernel's PrimFunc, not on Relax's `R.matmul`: Korch prices and chooses
 kernels as PrimFuncs (one per candidate, keyed by structural_key), and a kernel that fused a
@@ -6,17 +7,22 @@ transpose into its matmul is still one GEMM with a transposed operand. Producer 
 move data (a transpose) are inlined first; what remains must be one reduction block
 `C[b.., i, j] += A[..] * B[..]` whose indices are plain block variables (an operand shared by
 every batch has 0 in its leading indices; reduction axes of extent 1 count as 0, so a 1x1 NHWC
-convolution with HWIO weights, stride 1 and no padding is a GEMM). Anything else (an epilogue,
-a broadcast batch axis, a stride, a reshape's div/mod indices) is not a GEMM here.
+convolution with HWIO weights, stride 1 and no padding is a GEMM). Elementwise blocks after it
+are inlined into one output block over C's indices, which must read as an epilogue the library
+call applies (epilogue_match.py: bias, residual, activations). Anything else (another epilogue,
+a second output, a broadcast batch axis, a stride, a reshape's div/mod indices) is not a GEMM
+here.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import tvm
 from tvm import tirx
 from tvm.sym.analyzer import Analyzer
+
+from .epilogue_match import EpilogueMatcher, EpilogueStep
 
 _INT32_MAX = 2**31 - 1
 
@@ -27,7 +33,8 @@ class GemmSpec:
 
     `a_input`/`b_input` are the positions of A and B among the kernel's inputs (the call_tir
     argument order); `a_batched`/`b_batched` say whether each has C's leading axes (otherwise
-    it is one matrix shared by every batch)."""
+    it is one matrix shared by every batch); `epilogue` the steps applied to C, innermost
+    first, each operand step naming its input position."""
 
     batch_shape: tuple[int, ...]
     m: int
@@ -39,6 +46,7 @@ class GemmSpec:
     b_batched: bool
     a_input: int
     b_input: int
+    epilogue: tuple[EpilogueStep, ...] = ()
 
     @property
     def batch(self) -> int:
@@ -63,22 +71,56 @@ class GemmSpec:
 
 
 def match_gemm(kernel_mod: tvm.IRModule) -> GemmSpec | None:
-    """The GEMM that kernel_mod's `main` computes, or None when it is not exactly one."""
+    """The GEMM (and epilogue) kernel_mod's `main` computes, or None when it is not one."""
     names = [gv.name_hint for gv in kernel_mod.get_global_vars()]
     func = kernel_mod["main"] if "main" in names else None
-    if not isinstance(func, tirx.PrimFunc) or len(func.params) != 3 or _is_scheduled(func):
+    if not isinstance(func, tirx.PrimFunc) or len(func.params) < 3 or _is_scheduled(func):
         return None
     if any(str(p.dtype) != "float32" for p in func.params):
         return None
-    block = _single_reduction_block(kernel_mod)
-    spec = None if block is None else _spec_of_block(block, list(func.params))
+    blocks = _gemm_and_output_blocks(kernel_mod)
+    if blocks is None:
+        return None
+    gemm_block, output_block = blocks
+    inputs, output = list(func.params[:-1]), func.params[-1]
+    c_buffer = output if output_block is None else gemm_block.body.buffer
+    spec = _spec_of_block(gemm_block, inputs, c_buffer)
     if spec is None:
+        return None
+    if output_block is not None:
+        steps = _epilogue_of(output_block, c_buffer, inputs, output, spec.c_shape())
+        if steps is None:
+            return None
+        spec = replace(spec, epilogue=steps)
+    used = {spec.a_input, spec.b_input} | {step.input for step in spec.epilogue
+                                           if step.input is not None}
+    if used != set(range(len(inputs))):
         return None
     # The iteration must cover each buffer whole (no slice of a larger operand).
     shapes = [tuple(_as_int(s) for s in p.shape) for p in func.params]
-    wanted = {spec.a_input: spec.a_shape(), spec.b_input: spec.b_shape(), 2: spec.c_shape()}
+    wanted = {spec.a_input: spec.a_shape(), spec.b_input: spec.b_shape(),
+              len(inputs): spec.c_shape()}
+    if tuple(_as_int(s) for s in c_buffer.shape) != spec.c_shape() and output_block is not None:
+        return None
     return spec if all(_without_unit_lead(shapes[n], len(shape)) == shape
                        for n, shape in wanted.items()) else None
+
+
+def _epilogue_of(block, c_buffer, inputs, output, c_shape):
+    """The epilogue steps of the output block `block` (which must store into `output` at its
+    own indices, iterating over exactly C's shape), or None."""
+    store = block.body
+    if block.init is not None or not isinstance(store, tirx.BufferStore) \
+            or not store.buffer.same_as(output):
+        return None
+    if any(iv.iter_type != tirx.IterVar.DataPar or _as_int(iv.dom.min) != 0
+           for iv in block.iter_vars):
+        return None
+    index_vars = [iv.var for iv in block.iter_vars]
+    if tuple(_as_int(iv.dom.extent) for iv in block.iter_vars) != c_shape \
+            or not _same_vars(store.indices, index_vars):
+        return None
+    return EpilogueMatcher(c_buffer, index_vars, inputs, c_shape).steps(store.value)
 
 
 def _without_unit_lead(shape: tuple, rank: int) -> tuple:
@@ -92,24 +134,38 @@ def _is_scheduled(func) -> bool:
     return func.attrs is not None and bool(func.attrs.get("tirx.is_scheduled", False))
 
 
-def _single_reduction_block(kernel_mod: tvm.IRModule):
-    """The one block left after inlining every pure data-movement producer, else None."""
+def _gemm_and_output_blocks(kernel_mod: tvm.IRModule):
+    """(the GEMM block, the output block after it or None) once every other block (pure
+    data-movement producers of the GEMM's operands, elementwise blocks of its epilogue) is
+    inlined; None when that leaves anything else."""
     try:
         schedule = tvm.s_tir.Schedule(kernel_mod)
         root = schedule.get_sblock("root", func_name="main")
         blocks = list(schedule.get_child_blocks(root))
+        reductions = [b for b in blocks if any(iv.iter_type == tirx.IterVar.CommReduce
+                                               for iv in schedule.get(b).iter_vars)]
+        if len(reductions) != 1:
+            return None
+        gemm_name = schedule.get(reductions[0]).name_hint
         for block in blocks[:-1]:
-            schedule.compute_inline(block)
-        remaining = list(schedule.get_child_blocks(root))
+            if schedule.get(block).name_hint != gemm_name:
+                schedule.compute_inline(block)
+        left = list(schedule.get_child_blocks(root))
+        if any(list(schedule.get_child_blocks(block)) for block in left):
+            return None
+        remaining = [schedule.get(block) for block in left]
     except (RuntimeError, ValueError):  # ScheduleError is a RuntimeError
         return None
-    if len(remaining) != 1:
+    if not isinstance(remaining[0].body, tirx.BufferStore):
         return None
-    block = schedule.get(remaining[0])
-    return block if not list(schedule.get_child_blocks(remaining[0])) else None
+    if len(remaining) == 1 and remaining[0].name_hint == gemm_name:
+        return remaining[0], None
+    if len(remaining) == 2 and remaining[0].name_hint == gemm_name:
+        return remaining[0], remaining[1]
+    return None
 
 
-def _spec_of_block(block, params) -> GemmSpec | None:
+def _spec_of_block(block, inputs, c_buffer) -> GemmSpec | None:
     spatial = [iv.var for iv in block.iter_vars if iv.iter_type == tirx.IterVar.DataPar]
     reduce = [iv for iv in block.iter_vars if iv.iter_type == tirx.IterVar.CommReduce]
     # Reduction axes of extent 1 (a 1x1 convolution's window) are the constant 0.
@@ -121,7 +177,7 @@ def _spec_of_block(block, params) -> GemmSpec | None:
     store = block.body
     if not isinstance(store, tirx.BufferStore) or not _is_zero_init(block.init, store):
         return None
-    if not _same_vars(store.indices, spatial) or not params[2].same_as(store.buffer):
+    if not _same_vars(store.indices, spatial) or not c_buffer.same_as(store.buffer):
         return None
     value = store.value
     if not (isinstance(value, tirx.Add) and isinstance(value.a, tvm.ir.TensorLoad)
@@ -136,10 +192,10 @@ def _spec_of_block(block, params) -> GemmSpec | None:
         analyzer.bind(var, tirx.IntImm(str(var.ty.dtype), 0))
     operands = [(load.source, [analyzer.simplify(index) for index in load.indices])
                 for load in loads]
-    return _assign_operands(operands, spatial, reduce[0], params, block)
+    return _assign_operands(operands, spatial, reduce[0], inputs, block)
 
 
-def _assign_operands(operands, spatial, k_var, params, block) -> GemmSpec | None:
+def _assign_operands(operands, spatial, k_var, inputs, block) -> GemmSpec | None:
     i_var, j_var, batch_vars = spatial[-2], spatial[-1], spatial[:-2]
     roles = {}
     for source, indices in operands:
@@ -151,7 +207,7 @@ def _assign_operands(operands, spatial, k_var, params, block) -> GemmSpec | None
         return None
     positions = {}
     for name, (buffer, _, _) in roles.items():
-        found = [n for n, p in enumerate(params[:2]) if p.same_as(buffer)]
+        found = [n for n, p in enumerate(inputs) if p.same_as(buffer)]
         if len(found) != 1:
             return None
         positions[name] = found[0]

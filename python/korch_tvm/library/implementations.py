@@ -1,7 +1,9 @@
 """Library implementations of a kernel: what the solver may choose instead of a TVM schedule.
 
 `implementations_for(kernel_mod)` lists the vendor calls that compute exactly what the kernel
-computes (today: one OpenBLAS GEMM or batched GEMM when the kernel is a plain float32 GEMM).
+computes (today: one OpenBLAS GEMM or batched GEMM when the kernel is a float32 GEMM, with its
+epilogue of bias / residual adds and activations applied inside the call; cuBLAS for a plain
+GEMM).
 Each `Implementation` times itself on this machine and emits the Relax call that replaces the
 kernel's `call_tir`, so costing and the plan rewrite meet through this one record.
 """
@@ -24,7 +26,8 @@ from .gemm_match import GemmSpec, match_gemm
 
 @dataclass(frozen=True)
 class Implementation:
-    """One library call computing a kernel: `name` for reports, `function` the packed name."""
+    """One library call computing a kernel: `name` for reports (the routine, then "+step" per
+    epilogue step), `function` the packed name."""
 
     name: str
     function: str
@@ -33,9 +36,14 @@ class Implementation:
     def call(self, kernel_inputs: Sequence[relax.Expr], out_ty: relax.TensorType) -> relax.Call:
         """The `call_dps_packed` that replaces `call_tir(kernel, kernel_inputs, out_ty)`."""
         spec = self.spec
-        assert len(kernel_inputs) == 2, f"a GEMM kernel takes 2 inputs, got {len(kernel_inputs)}"
+        operands = [step.input for step in spec.epilogue if step.input is not None]
+        wanted = len({spec.a_input, spec.b_input, *operands})
+        assert len(kernel_inputs) == wanted, \
+            f"this GEMM kernel takes {wanted} inputs, got {len(kernel_inputs)}"
         args = [kernel_inputs[spec.a_input], kernel_inputs[spec.b_input],
                 relax.prim_value(int(spec.transpose_a)), relax.prim_value(int(spec.transpose_b))]
+        if spec.epilogue:
+            args += [tvm.ir.StringImm(epilogue_text(spec))] + [kernel_inputs[n] for n in operands]
         return relax.op.call_dps_packed(self.function, relax.Tuple(args), out_ty)
 
     def measure(self, repeats: int = 7, min_repeat_seconds: float = 2e-3,
@@ -50,14 +58,20 @@ def implementations_for(kernel_mod: tvm.IRModule, device: str = "cpu") -> list[I
     "cuda": cuBLAS); empty when none applies or the extension is not built here."""
     assert device in ("cpu", "cuda"), f"unknown library device {device!r}"
     spec = match_gemm(kernel_mod)
-    if spec is None:
+    if spec is None or (spec.epilogue and device != "cpu"):   # cuBLAS: plain GEMMs only
         return []
     loaded = load_blas_extension() if device == "cpu" else load_cublas_extension()
     if not loaded:
         return []
     vendor, prefix = ("openblas", BLAS_PREFIX) if device == "cpu" else ("cublas", CUBLAS_PREFIX)
     routine = "sbgemm" if spec.batch_shape else "sgemm"
-    return [Implementation(f"{vendor}.{routine}", prefix + routine, spec)]
+    name = "+".join([f"{vendor}.{routine}"] + [step.token() for step in spec.epilogue])
+    return [Implementation(name, prefix + routine, spec)]
+
+
+def epilogue_text(spec: GemmSpec) -> str:
+    """The epilogue argument of the extension's call: its steps' tokens, space-separated."""
+    return " ".join(step.token() for step in spec.epilogue)
 
 
 def time_gemm(function_name: str, spec: GemmSpec, repeats: int = 7,
@@ -72,16 +86,18 @@ def time_gemm(function_name: str, spec: GemmSpec, repeats: int = 7,
     function = tvm.get_global_func(function_name)
     device = tvm.cuda(0) if function_name.startswith(CUBLAS_PREFIX) else tvm.cpu()
     rng = np.random.default_rng(0)
-    a, b = (tvm.runtime.tensor(rng.standard_normal(shape, dtype="float32"), device)
-            for shape in (spec.a_shape(), spec.b_shape()))
+    operand_shapes = [step.shape for step in spec.epilogue if step.input is not None]
+    a, b, *operands = (tvm.runtime.tensor(rng.standard_normal(shape, dtype="float32"), device)
+                       for shape in [spec.a_shape(), spec.b_shape()] + operand_shapes)
     c = tvm.runtime.tensor(np.empty(spec.c_shape(), dtype="float32"), device)
     flags = (int(spec.transpose_a), int(spec.transpose_b))
+    epilogue = (epilogue_text(spec), *operands) if spec.epilogue else ()
 
     def run(number: int) -> float:
         device.sync()
         start = time.perf_counter()
         for _ in range(number):
-            function(a, b, *flags, c)
+            function(a, b, *flags, *epilogue, c)
         device.sync()
         return (time.perf_counter() - start) / number
 
@@ -90,7 +106,7 @@ def time_gemm(function_name: str, spec: GemmSpec, repeats: int = 7,
         flush = tvm.get_global_func("cache_flush_cpu_non_first_arg")
 
         def run_cold() -> float:
-            flush(0, a, b, c)
+            flush(0, a, b, *operands, c)
             return run(1)
 
         return statistics.median(run_cold() for _ in range(max(1, repeats)))

@@ -1,4 +1,5 @@
-"""Replace chosen GEMM kernels' `call_tir` by the BLAS extension's `call_dps_packed`."""
+"""Replace chosen GEMM kernels' `call_tir` by the BLAS extension's `call_dps_packed` (the kernel's
+epilogue, its bias / residual operands and activations, inside that call)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ CALL_TIR = tvm.ir.Op.get("relax.call_tir")
 
 @tvm.transform.module_pass(opt_level=0, name="UseLibraryGemm")
 class UseLibraryGemm:
-    """`kernels`: names of the PrimFuncs to replace (None: every one that is a plain GEMM);
+    """`kernels`: names of the PrimFuncs to replace (None: every one that is a GEMM, with or
+    without an epilogue the library applies);
     `device`: whose library calls ("cpu": OpenBLAS, "cuda": cuBLAS).
 
     A named kernel that is not a GEMM, or an unavailable extension, is an error, not a silent
@@ -67,6 +69,9 @@ class _GemmRewriter(relax.PyExprMutator):
             if isinstance(kernel, tvm.tirx.PrimFunc) else []
         if found or self.kernels is None:
             return found[0] if found else None
-        reason = ("is not a plain float32 GEMM" if match_gemm(tvm.IRModule({"main": kernel}))
-                  is None else "has no library implementation here (extension not built)")
+        spec = match_gemm(tvm.IRModule({"main": kernel}))
+        reason = ("is not a plain float32 GEMM (or one with a library epilogue)" if spec is None
+                  else "has an epilogue, which cuBLAS calls do not apply"
+                  if spec.epilogue and self.device != "cpu"
+                  else "has no library implementation here (extension not built)")
         raise ValueError(f"UseLibraryGemm: kernel {callee.name_hint} {reason}")
