@@ -88,6 +88,18 @@ def _first(out):
 # benchmark models
 
 
+class SegformerLogits(nn.Module):
+    """A SegFormer whose forward returns its logits tensor, not the output object: the ONNX
+    export gets one static, named output (the zoo's segformer builder uses it too)."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, pixel_values):
+        return self.model(pixel_values=pixel_values).logits
+
+
 def build_segformer_b0() -> Spec:
     from transformers import SegformerConfig, SegformerForSemanticSegmentation
 
@@ -95,16 +107,7 @@ def build_segformer_b0() -> Spec:
     config._attn_implementation = "eager"
     model = SegformerForSemanticSegmentation(config)
     model.config._attn_implementation = "eager"
-
-    class Wrap(nn.Module):
-        def __init__(self, m):
-            super().__init__()
-            self.m = m
-
-        def forward(self, pixel_values):
-            return self.m(pixel_values=pixel_values).logits
-
-    return Spec(Wrap(model), (randn(1, 3, 512, 512),), ["pixel_values"], ["logits"],
+    return Spec(SegformerLogits(model), (randn(1, 3, 512, 512),), ["pixel_values"], ["logits"],
                 "transformers SegformerForSemanticSegmentation, MiT-b0, 150 labels, 512x512")
 
 

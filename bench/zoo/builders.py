@@ -101,22 +101,14 @@ def albert_encoder(entry) -> nn.Module:
     return _Select(AlbertModel(config, add_pooling_layer=False), entry.outputs)
 
 
-class _Segformer(nn.Module):
-    def __init__(self, model):
-        super().__init__()
-        self.model = model
-
-    def forward(self, pixel_values):
-        return self.model(pixel_values=pixel_values).logits
-
-
 def segformer(entry) -> nn.Module:
+    from export_models import SegformerLogits  # bench/, on the path bench/zoo/export.py sets
     from transformers import SegformerConfig, SegformerForSemanticSegmentation
 
     config = _eager(SegformerConfig(num_labels=150))  # the default config is MiT-b0
     model = SegformerForSemanticSegmentation(config)
     model.config._attn_implementation = "eager"
-    return _Segformer(model)
+    return SegformerLogits(model)
 
 
 def build(entry) -> nn.Module:
