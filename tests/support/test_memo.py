@@ -1,4 +1,4 @@
-"""The bounded per-kernel memo shared by the cost model and the memory plan."""
+"""The bounded memo costing sessions, line verdicts and the memory plan keep facts in."""
 
 from korch_tvm.support.memo import KeyedMemo
 

@@ -1,8 +1,10 @@
-"""A bounded memo for per-kernel facts that cost a lowering or an analysis to compute.
+"""A bounded memo for facts that cost a lowering, an analysis or a check to compute.
 
-A compile plans a model in two layouts and then region by region, meeting most kernels three
-times; a long-lived process (a notebook, a service compiling many models) must not grow it
-without bound, so when full it starts over rather than tracking use.
+Its owner decides how long it lives: a costing session keeps the analytic estimates of one
+compile (a compile plans a model in two layouts and then region by region, meeting most kernels
+three times), a `LineVerdicts` the verdicts on log lines for as long as it is passed on. One
+that outlives a compile (a notebook, a service compiling many models) must not grow without
+bound, so when full it starts over rather than tracking use.
 """
 
 from __future__ import annotations
