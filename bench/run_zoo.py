@@ -28,6 +28,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -189,14 +190,20 @@ def run_model(name: str, budget: int, args, per_model_dir: str, code: dict) -> N
 
 def run_logged(command: list[str], log_path: str, timeout: float, mode: str) -> str | None:
     """Run `command` with its output into `log_path`; None, or why it failed (one line)."""
-    try:
-        with open(log_path, mode, encoding="utf-8") as log:
-            log.flush()
-            process = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT,
-                                     timeout=max(timeout, 1))
-    except subprocess.TimeoutExpired:
-        return f"timed out after {timeout:.0f} s (see {os.path.basename(log_path)})"
-    return None if process.returncode == 0 else failure_reason(log_path, process.returncode)
+    with open(log_path, mode, encoding="utf-8") as log:
+        # its own process group, so a timeout also ends the compile workers it started
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
+                                   start_new_session=True)
+        try:
+            returncode = process.wait(timeout=max(timeout, 1))
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+            return f"timed out after {timeout:.0f} s (see {os.path.basename(log_path)})"
+        except BaseException:
+            os.killpg(process.pid, signal.SIGKILL)
+            raise
+    return None if returncode == 0 else failure_reason(log_path, returncode)
 
 
 def verify_cold(name: str, model: str, reports: str, log_path: str, timeout: float):

@@ -208,3 +208,22 @@ def test_verify_kept_passes_the_right_library_and_fails_a_wrong_or_missing_one(t
     assert results["stock"]["passed"] is True
     assert results["korch"]["passed"] is False and results["korch"]["max_rel_error"] > 0.5
     assert results["other"]["passed"] is False and "absent.so" in results["other"]["error"]
+
+
+def test_a_timed_out_bench_ends_the_workers_it_started(tmp_path):
+    import time
+
+    pidfile = tmp_path / "worker.pid"
+    command = ["bash", "-c", f"sleep 60 & echo $! > {pidfile}; wait"]
+    reason = run_zoo.run_logged(command, str(tmp_path / "m.log"), 1, "w")
+    assert reason == "timed out after 1 s (see m.log)"
+    worker = int(pidfile.read_text())
+    for _ in range(40):  # the orphaned worker is killed, then reaped by init
+        stat = pathlib.Path(f"/proc/{worker}/stat")
+        if not stat.exists() or stat.read_text().split(")")[-1].split()[0] == "Z":
+            break
+        time.sleep(0.05)
+    else:
+        raise AssertionError(f"worker {worker} still running after the timeout")
+    assert run_zoo.run_logged(["bash", "-c", "echo 'Error: x'; exit 3"],
+                              str(tmp_path / "e.log"), 5, "w") == "Error: x"
