@@ -18,13 +18,14 @@ from korch_tvm.substitutions.rules import ALL_RULES, find_alternatives
 pytestmark = pytest.mark.slow
 MODELS = Path(__file__).resolve().parents[2] / "bench" / "zoo" / "models"
 
-# sites per rule, as observed: one softmax (division, sum) per attention block; BERT's three
-# projections per layer merged once; DeiT's fused qkv split once per block; BERT's one
-# mask reshape chain that is a reshape
+# sites per rule, as observed: one softmax (division, sum, sum in the value matmul) per
+# attention block; BERT's three projections per layer merged once; DeiT's fused qkv split
+# once per block; BERT's one mask reshape chain that composes to a reshape
 EXPECTED = {
     "bert_2layer": {"division_after_matmul": 2, "scale_before_matmul": 2, "sum_as_matmul": 2,
+                    "sum_in_value_matmul": 2,
                     "merge_matmuls_sharing_input": 2, "fold_layout_chain": 1},
-    "deit_tiny": {"division_after_matmul": 12, "sum_as_matmul": 12,
+    "deit_tiny": {"division_after_matmul": 12, "sum_as_matmul": 12, "sum_in_value_matmul": 12,
                   "split_fused_projection": 12},
 }
 

@@ -21,7 +21,7 @@ from .program import R, Program, build_alternative, is_float, size_of, static_sh
 MATMUL, DIVIDE, MULTIPLY = "relax.matmul", "relax.divide", "relax.multiply"
 
 
-def _row_divisor(program: Program, var):
+def row_divisor(program: Program, var):
     """(E, S) where `var = E / S` with S of shape [..., n, 1] matching E's rows; else None."""
     call = program.call_of(program.skip_identity_casts(var), DIVIDE)
     if call is None:
@@ -34,18 +34,18 @@ def _row_divisor(program: Program, var):
     return numerator, divisor
 
 
-def _swaps_last_two(call) -> bool:
+def swaps_last_two(call) -> bool:
     ndim = len(static_shape(call))
     axes = [int(axis) for axis in call.attrs.axes] if call.attrs.axes is not None else None
     return ndim >= 2 and axes == list(range(ndim - 2)) + [ndim - 1, ndim - 2]
 
 
-def _transposed_row_divisor(program: Program, var):
+def transposed_row_divisor(program: Program, var):
     """(E, S) where `var = permute_dims(E / S)` swapping the last two axes; else None."""
     call = program.call_of(program.skip_identity_casts(var), "relax.permute_dims")
-    if call is None or not _swaps_last_two(call):
+    if call is None or not swaps_last_two(call):
         return None
-    return _row_divisor(program, call.args[0])
+    return row_divisor(program, call.args[0])
 
 
 class DivisionAfterMatmul:
@@ -58,14 +58,14 @@ class DivisionAfterMatmul:
         for out, call in program.calls(MATMUL):
             left, right = call.args
             shape = static_shape(out)
-            row = _row_divisor(program, left)
+            row = row_divisor(program, left)
             if row is not None and shape[:-1] == static_shape(row[0])[:-1] \
                     and size_of(out) < size_of(row[0]):
                 found.append(build_alternative(
                     self.name, [row[0], row[1], right], [out],
                     lambda bb, e, s, v: [R.divide(bb.emit(R.matmul(e, v)), s)]))
                 continue
-            column = _transposed_row_divisor(program, right)
+            column = transposed_row_divisor(program, right)
             if column is not None and shape[:-2] == static_shape(column[0])[:-2] \
                     and shape[-1] == static_shape(column[0])[-2] \
                     and size_of(out) < size_of(column[0]):

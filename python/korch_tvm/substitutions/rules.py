@@ -16,12 +16,14 @@ from .layout_chain import FoldLayoutChain
 from .merge_shared_input import MergeConvolutionsSharingInput, MergeMatmulsSharingInput
 from .split_fused_projection import SplitFusedProjection
 from .sum_as_matmul import MatmulAsSum, SumAsMatmul
+from .sum_in_value_matmul import SumInValueMatmul
 
 ALL_RULES: tuple[SubstitutionRule, ...] = (
     DivisionAfterMatmul(),
     ScaleBeforeMatmul(),
     SumAsMatmul(),
     MatmulAsSum(),
+    SumInValueMatmul(),
     MergeMatmulsSharingInput(),
     MergeConvolutionsSharingInput(),
     SplitFusedProjection(),

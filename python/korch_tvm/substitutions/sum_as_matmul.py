@@ -17,7 +17,7 @@ from .program import (R, Program, build_alternative, constant_array, constant_li
                       static_shape)
 
 
-def _reduced_axis(call) -> int | None:
+def reduced_axis(call) -> int | None:
     """The one axis, normalized to -1 or -2, that a keepdims sum reduces; else None."""
     ndim = len(static_shape(call.args[0]))
     axes = [int(axis) for axis in call.attrs.axis] if call.attrs.axis is not None else None
@@ -36,7 +36,7 @@ class SumAsMatmul:
         found = []
         for out, call in Program(main).calls("relax.sum"):
             source = call.args[0]
-            axis = _reduced_axis(call) if static_shape(source) is not None else None
+            axis = reduced_axis(call) if static_shape(source) is not None else None
             if axis is None or not is_float(source):
                 continue
             length = static_shape(source)[axis]
