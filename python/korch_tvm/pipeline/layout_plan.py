@@ -22,6 +22,7 @@ from ..candidates.gpu_rules import rules_for_target
 from ..candidates.partition import partition_graph
 from ..config import KorchConfig
 from ..costing.cost_model import predict_kernels
+from ..costing.failed_costs import is_failed
 from ..costing.in_model import load_in_model_times, scaled_costs
 from ..costing.kernel_costs import default_schedule_costs, summarize
 from ..costing.measure import KernelCost
@@ -33,7 +34,7 @@ from ..lowering.fission import lower_to_primitives, lowering_stats
 from ..orchestration.memory_plan import StorageModel
 from ..orchestration.problems import (orchestration_problems, plan_groups, plan_report,
                                       prune_by_prediction)
-from ..orchestration.solver import Plan, solve_orchestration
+from ..orchestration.solver import solve_orchestration
 from ..substitutions.offer import graph_with_alternatives
 from ..support.memo import KeyedMemo
 from .korch_costs import (Planned, cost_what_plans_need, logged_or_predicted,
@@ -219,37 +220,75 @@ def in_model_factors(tuning_log, kernels: dict[str, tvm.IRModule]) -> dict[str, 
 
 
 class Orchestrator:
-    """`solve(costs, usable)`: (problems, plans, chosen candidates) of one layout's pieces for
-    `costs`, within the stock plan's activation storage when `config.memory_limit` is "stock".
+    """`solve(costs, usable, memory_limit=True)`: (problems, plans, chosen candidates) of one
+    layout's pieces for `costs`, within the stock plan's activation storage when
+    `config.memory_limit` is "stock" (and `memory_limit`: lazy costing settles a plan without
+    the limit first, see pipeline/korch_costs.py).
 
-    Plans are kept by problem (costs included): each lazy-costing round and each memory round
-    changes a few pieces, and the others need not be solved again.
+    Each piece's problem and plan are kept by the piece's usable candidates and their prices:
+    each lazy-costing round and each memory round changes a few pieces, and the others are
+    neither built nor solved again. Whole answers are kept by the same inputs, so solving
+    again what was solved (the plan of a compile that tuned nothing) costs nothing.
+    `problems_built` and `memory_rounds` count the work, for tests.
     """
 
     def __init__(self, found: Found, priced: Priced, config: KorchConfig):
         self.found, self.priced, self.config = found, priced, config
-        self._solutions: KeyedMemo[Plan] = KeyedMemo()
+        self._pieces_of = {i: [p for p, piece in enumerate(found.pieces)
+                               if found.candidates[i].nodes <= piece] for i in priced.kept}
+        self._pieces: KeyedMemo[tuple] = KeyedMemo()
+        self._answers: KeyedMemo[tuple] = KeyedMemo(kept=64)
+        self.problems_built = self.memory_rounds = 0
 
-    def __call__(self, costs, usable=None):
-        found = self.found
-        usable = self.priced.kept if usable is None else usable
+    def __call__(self, costs, usable=None, memory_limit: bool = True):
+        found, keys = self.found, self.found.kernels.keys
+        usable = tuple(self.priced.kept if usable is None else usable)
         costs = scaled_costs(costs, self.priced.factors)
+        prices = {i: _price(costs, keys[i]) for i in usable}
+        limited = (memory_limit and found.storage is not None
+                   and self.config.memory_limit == "stock")
+        return self._answers.get((limited, usable, tuple(prices[i] for i in usable)),
+                                 lambda: self._solve(costs, usable, prices, limited))
+
+    def _solve(self, costs, usable, prices, limited):
+        by_piece = [[] for _ in self.found.pieces]
+        for i in usable:
+            for piece in self._pieces_of.get(i, ()):
+                by_piece[piece].append(i)
 
         def solved(left_out=frozenset()):
-            problems = orchestration_problems(found.graph, found.pieces, found.candidates,
-                                              [i for i in usable if i not in left_out],
-                                              found.kernels.keys, costs)
-            return problems, [self._solve_piece(problem.problem) for problem in problems]
+            pairs = [self._piece(piece, tuple(i for i in ids if i not in left_out), costs,
+                                 prices) for piece, ids in enumerate(by_piece)]
+            return [problem for problem, _ in pairs], [plan for _, plan in pairs]
 
-        if found.storage is not None and self.config.memory_limit == "stock":
-            problems, plans = found.storage.cheapest_within_stock(solved)
+        if limited:
+            self.memory_rounds += 1
+            problems, plans = self.found.storage.cheapest_within_stock(solved)
         else:
             problems, plans = solved()
         return problems, plans, plan_groups(problems, plans)
 
-    def _solve_piece(self, problem) -> Plan:
-        return self._solutions.get(problem, lambda: solve_orchestration(
-            problem, time_limit=self.config.solver_time_limit))
+    def _piece(self, piece: int, ids: tuple, costs, prices):
+        """(Subproblem, Plan) of piece number `piece` over candidates `ids`."""
+        found = self.found
+
+        def build():
+            self.problems_built += 1
+            problem = orchestration_problems(found.graph, [found.pieces[piece]], found.candidates,
+                                             ids, found.kernels.keys, costs)[0]
+            return problem, solve_orchestration(problem.problem,
+                                                time_limit=self.config.solver_time_limit)
+
+        return self._pieces.get((piece, ids, tuple(prices[i] for i in ids)), build)
+
+
+def _price(costs, key):
+    """What a kernel's cost means to its piece's program: its seconds and whether it failed
+    (orchestration/problems.py prices a kernel by these alone); None for an opaque binding."""
+    if key is None:
+        return None
+    cost = costs[key]
+    return float(cost.seconds), is_failed(cost)
 
 
 def tuning_shares(first_choice, keys, kept_kernels, costs, tuning_log) -> Counter:

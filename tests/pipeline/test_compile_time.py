@@ -1,0 +1,127 @@
+"""What a cold compile does only once: pieces built and solved, memory-limited solves.
+
+Counts, never timings: the planning of a zoo model re-solved every piece of the model each
+lazy-costing round and each memory round, most of its compile time.
+"""
+
+import math
+from collections import Counter
+
+import numpy as np
+import tvm
+from tvm import relax
+
+from korch_tvm.config import KorchConfig
+from korch_tvm.costing.cost_model import analytic_estimate
+from korch_tvm.costing.measure import KernelCost
+from korch_tvm.graph.primitive_graph import PrimitiveGraph
+from korch_tvm.lowering.fission import lower_to_primitives
+from korch_tvm.pipeline import korch_costs, layout_plan
+from korch_tvm.pipeline.layout_plan import Orchestrator, Priced, find_candidates
+
+
+def two_layer_module() -> tvm.IRModule:
+    """Two dense + bias + ReLU + layer-norm blocks: several pieces, each with choices."""
+    rng = np.random.default_rng(0)
+    x = relax.Var("x", relax.TensorType((16, 32), "float32"))
+    builder = relax.BlockBuilder()
+    with builder.function("main", [x]):
+        with builder.dataflow():
+            y = x
+            for _ in range(2):
+                weight = relax.const(rng.standard_normal((32, 32)).astype("float32"))
+                y = builder.emit(relax.op.nn.relu(relax.op.matmul(y, weight)))
+                y = builder.emit(relax.op.nn.layer_norm(
+                    y, relax.const(np.ones(32, "float32")), relax.const(np.zeros(32, "float32")),
+                    axes=[-1]))
+            out = builder.emit_output(y)
+        builder.emit_func_output(out)
+    return builder.get()
+
+
+def orchestrator(monkeypatch, memory_limit="none"):
+    """An Orchestrator over two_layer_module's candidates, costs at the roofline, and a count
+    of the pieces it hands orchestration_problems."""
+    config = KorchConfig(memory_limit=memory_limit, max_subproblem_nodes=8)
+    graph = PrimitiveGraph.from_module(lower_to_primitives(two_layer_module()))
+    found = find_candidates(graph, config)
+    keys = found.kernels.keys
+    predicted = {key: analytic_estimate(module) for key, module in found.kernels.modules.items()}
+    kept = list(range(len(found.candidates)))
+    kept_kernels = {keys[i]: found.kernels.modules[keys[i]] for i in kept if keys[i] is not None}
+    built = Counter()
+    original = layout_plan.orchestration_problems
+
+    def counted(graph, pieces, *args):
+        built["pieces"] += len(pieces)
+        return original(graph, pieces, *args)
+
+    monkeypatch.setattr(layout_plan, "orchestration_problems", counted)
+    costs = {key: KernelCost(predicted[key], "measured", 1) for key in kept_kernels}
+    return Orchestrator(found, Priced(predicted, kept, kept_kernels, {}), config), costs, built
+
+
+def test_a_piece_is_built_and_solved_again_only_when_its_costs_change(monkeypatch):
+    solve, costs, built = orchestrator(monkeypatch)
+    pieces = len(solve.found.pieces)
+    assert pieces >= 2
+    first = solve(costs)
+    assert built["pieces"] == pieces
+    again = solve(dict(costs))  # the same costs: nothing is built or solved again
+    assert built["pieces"] == pieces and again[2] == first[2]
+    # one kernel's cost changes: only the pieces holding a candidate of it are built again
+    key = solve.found.kernels.keys[first[2][0]]
+    holding = {p for p, piece in enumerate(solve.found.pieces)
+               for i, candidate in enumerate(solve.found.candidates)
+               if solve.found.kernels.keys[i] == key and candidate.nodes <= piece}
+    solve({**costs, key: KernelCost(costs[key].seconds * 3, "measured", 1)})
+    assert built["pieces"] == pieces + len(holding) < 2 * pieces
+
+
+def test_the_plan_after_reuse_is_the_plan_solved_afresh(monkeypatch):
+    solve, costs, _ = orchestrator(monkeypatch)
+    key = solve.found.kernels.keys[solve(costs)[2][0]]
+    changed = {**costs, key: KernelCost(costs[key].seconds * 5, "measured", 1)}
+    reused = solve(changed)
+    fresh, _, _ = orchestrator(monkeypatch)
+    expected = fresh(changed)
+    assert reused[2] == expected[2]
+    assert math.isclose(sum(p.objective for p in reused[1]),
+                        sum(p.objective for p in expected[1]))
+
+
+class _NoLog:
+    """A tuning log that knows nothing (every kernel is lazily costed)."""
+
+    def best_seconds(self, module):
+        return None
+
+    def default_seconds(self, module):
+        return None
+
+
+def test_lazy_costing_settles_without_the_memory_limit_before_solving_with_it():
+    """Two slots, each filled by the cheapest of three kernels; the memory limit forbids
+    kernel 0. Predictions are all equal, so lazy costing needs several rounds: all but the
+    last few solve without the limit."""
+    seconds = {f"k{i}": s for i, s in enumerate([2.0, 3.0, 4.0, 2.5, 3.5, 4.5])}
+    predicted = {key: 1.0 for key in seconds}
+    key_of_candidate = list(seconds)
+    calls = Counter()
+
+    def solve(costs, memory_limit=True):
+        calls[memory_limit] += 1
+        slot_a = [0, 1, 2] if not memory_limit else [1, 2]
+        chosen = [min(slot, key=lambda i: costs[key_of_candidate[i]].seconds)
+                  for slot in (slot_a, [3, 4, 5])]
+        return None, None, chosen
+
+    def measure(modules):
+        return {key: KernelCost(seconds[key], "measured", 1) for key in modules}
+
+    best, chosen = korch_costs.cost_what_plans_need(
+        {key: key for key in seconds}, predicted, set(), {key: {key} for key in seconds}, solve,
+        key_of_candidate, KorchConfig(), _NoLog(), measure)
+    assert chosen == [1, 3]  # the cheapest plan within the limit, of measured kernels
+    assert all(best[key_of_candidate[i]].source == "measured" for i in chosen)
+    assert calls[False] >= 2 and calls[True] <= 2
