@@ -8,8 +8,9 @@ reshapes and permutes is recognized exactly.
 
 Not offered, because Relax cannot express it with primitive ops: a permute_dims swapping the
 last two axes of a matmul operand computed as a transposed matmul. `R.matmul` has no transpose
-flags, and `FuseTransposeMatmul` emits its own TIR, which the primitive graph treats as opaque.
-The candidate kernels already fuse such a permute into the matmul that reads it.
+flags (its only attribute is out_dtype), and `relax.transform.FuseTransposeMatmul` replaces the
+pair by a call_tir of its own TIR, which the primitive graph treats as opaque. The candidate
+kernels already fuse such a permute into the matmul that reads it, which is the same kernel.
 """
 
 from __future__ import annotations
