@@ -236,8 +236,18 @@ def _mismatch_message(verification, plan, source, target, tolerance) -> str:
     rewrite = tvm.transform.Sequential([ApplyTuningLog(plan.tuning_log.database, target),
                                         ShareIdenticalKernels()])
 
+    from ..backend.rewrite import KERNEL_PREFIX, use_library_kernels
+
+    # A chosen library kernel stays its library call in a trial plan that has its group at its
+    # own position (a trial is a prefix of the chosen kernels, then one kernel per primitive).
+    library = {g for g, i in enumerate(plan.chosen)
+               if getattr(plan.costs.get(plan.kernel_keys[i]), "implementation", None)}
+
     def build_groups(groups):
-        return build(rewrite(korch.partition_module(plan, groups)), target)
+        names = [f"{KERNEL_PREFIX}{g}" for g, group in enumerate(groups)
+                 if g in library and frozenset(group) == frozenset(plan.chosen_groups[g])]
+        partition = use_library_kernels(korch.partition_module(plan, groups), names, target)
+        return build(rewrite(partition), target)
 
     inputs = random_inputs(source.shapes, source.dtypes, 0)
     expected = reference_outputs(source, target, inputs)

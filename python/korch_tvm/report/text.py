@@ -67,6 +67,12 @@ def _plan_lines(plan: dict) -> list[str]:
         f" primitives recomputed; modelled {plan.get('modelled_ms', 0):.3f} ms vs "
         f"{_ms(plan.get('stock_modelled_ms'))} for FuseOps' groups on the same costs; "
         f"solver {plan.get('solver_status')}"]
+    library = [k for k in plan.get("kernels", []) if k.get("implementation", "tvm") != "tvm"]
+    if library:
+        modelled = sum(k["ms"] for k in library if k.get("ms") is not None)
+        calls = sorted({k["implementation"] for k in library})
+        lines.append(f"  library kernels: {len(library)} of {plan.get('kernels_chosen')} are "
+                     f"library calls, modelled {modelled:.3f} ms ({', '.join(calls)})")
     storage = plan.get("planned_storage_mb")
     if storage:
         stock = "n/a" if storage["stock"] is None else f"{storage['stock']:.1f} MB"

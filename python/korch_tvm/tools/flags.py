@@ -52,8 +52,10 @@ _MEMORY_LIMIT_HELP = (
     "groups (within 1%%): pieces of the graph go back to those groups until it fits; 'none': "
     "the fastest modelled plan whatever its storage")
 _LIBRARY_HELP = (
-    "'auto' (default): a kernel that is a plain float32 GEMM or batched GEMM (a matmul, "
-    "attention's QK^T and PV, a 1x1 NHWC convolution) costs the cheaper of TVM's kernel and an "
+    "'auto' (default): a kernel that is a float32 GEMM or batched GEMM (a matmul, "
+    "attention's QK^T and PV, a 1x1 NHWC convolution), alone or followed by a bias or "
+    "residual add and relu/clip/gelu/sigmoid/silu/hardswish, costs the cheaper of TVM's kernel "
+    "and an "
     "OpenBLAS call (timed once, kept in library_times.json beside the tuning log), and Korch's "
     "plan runs the cheaper; needs the extension `make install` builds (without it: TVM "
     "kernels only). 'off': TVM kernels only")
