@@ -42,12 +42,12 @@ _STEPS = ("bias_n", "bias_m", "residual", "relu", "gelu_erf", "gelu_tanh", "sigm
           "hardswish")
 _MAX_SECONDS = 3600.0
 # A time is kept for good, so it is the least of a few medians: a multi-threaded BLAS call
-# synchronises its threads many times, and a core another process holds for a moment
-# stretched one median of seven calls from 0.1 ms to 18 ms on a shared 2-core machine.
+# synchronises its threads many times, so a core another process holds for a moment can
+# stretch a whole median many times over.
 MEASURE_ROUNDS = 3
-# The runner's TVM threads spin on the cores for a while after timing kernels; a BLAS call
-# timed meanwhile waits on its own threads (64x256x256 measured at 7 ms instead of 0.1 ms right
-# after a measurement round). So a batch of library timings starts after this pause.
+# The runner's TVM threads spin on the cores for a while after timing kernels, and a BLAS call
+# timed meanwhile waits on its own threads; so a batch of library timings starts after this
+# pause.
 SETTLE_SECONDS = 0.3
 
 

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import tvm
+import tvm_ffi
 from tvm import tirx
 
 OPERAND_STEPS = ("bias_n", "bias_m", "residual")
@@ -66,9 +67,10 @@ _REFERENCES = {kind: _reference(kind, _SAMPLES) for kind in VALUE_MATCHED}
 
 
 class EpilogueMatcher:
-    """Reads `value` (the output block's expression) as steps over `acc`, the load of the GEMM's
-    result at the output's own indices. `operands` are the kernel's input buffers other than A
-    and B, by position; `index_vars` the output block's iteration variables (..., i, j)."""
+    """Reads an output block's expression as steps over the load of the GEMM's result
+    (`acc_buffer`) at the block's own iteration variables `index_vars` (..., i, j). `inputs`
+    are the kernel's input buffers by position (bias and residual operands are among them);
+    `c_shape` the GEMM's output shape."""
 
     def __init__(self, acc_buffer, index_vars, inputs, c_shape):
         self.acc_buffer, self.index_vars = acc_buffer, list(index_vars)
@@ -139,7 +141,7 @@ class EpilogueMatcher:
             if expr.__chandle__() in visited or not self.contains_acc(expr):
                 continue
             visited.add(expr.__chandle__())
-            key = tvm_ffi_hash(expr)
+            key = _hash(expr)
             if key not in seen:
                 seen.add(key)
                 found.append(expr)
@@ -150,7 +152,7 @@ class EpilogueMatcher:
         clipped = _clip_of(value, argument)
         if clipped is not None:
             return clipped
-        sampled = _evaluate_with(value, argument, self.acc_buffer)
+        sampled = _evaluate_with(value, argument)
         if sampled is None:
             return None
         for kind in VALUE_MATCHED:
@@ -174,13 +176,11 @@ def _children(expr) -> list:
     return []
 
 
-def tvm_ffi_hash(expr) -> int:
-    import tvm_ffi
+def _hash(expr) -> int:
     return tvm_ffi.structural_hash(expr)
 
 
 def _same(a, b) -> bool:
-    import tvm_ffi
     return tvm_ffi.structural_equal(a, b)
 
 
@@ -212,12 +212,12 @@ _UNARY_CALLS = {"tirx.exp": np.exp, "tirx.tanh": np.tanh, "tirx.sqrt": np.sqrt,
                 "tirx.sigmoid": lambda x: 1.0 / (1.0 + np.exp(-x))}
 
 
-def _evaluate_with(value, argument, acc_buffer):
+def _evaluate_with(value, argument):
     """`value` at _SAMPLES for `argument` (float32 arithmetic), or None when it holds anything
     but arithmetic, constants and the calls above, or reaches the accumulator outside
     `argument`."""
     memo: dict[int, np.ndarray] = {}
-    argument_hash = tvm_ffi_hash(argument)
+    argument_hash = _hash(argument)
 
     def evaluate(expr):
         key = expr.__chandle__()
@@ -238,7 +238,7 @@ class _NotElementwise(Exception):
 
 
 def _evaluate_node(expr, evaluate, argument, argument_hash):
-    if tvm_ffi_hash(expr) == argument_hash and _same(expr, argument):
+    if _hash(expr) == argument_hash and _same(expr, argument):
         return _SAMPLES
     if isinstance(expr, tirx.FloatImm):
         return np.float32(expr.value) if _dtype(expr) == "float32" else _fail()
