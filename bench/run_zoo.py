@@ -111,18 +111,53 @@ def _git(*arguments: str) -> str:
 
 
 def use_commit(commit: str, logs_root: str) -> dict:
-    """Extract `commit`'s python/ under `logs_root` and put it first on every child's path
-    (the CLI's korch_tvm then comes from there, not from the editable install)."""
+    """Extract `commit`'s python/ under `logs_root`, put it first on every child's path (the
+    CLI's korch_tvm then comes from there, not from the editable install), and build its BLAS
+    extension in a private environment (`private_python`)."""
     sha = _git("rev-parse", "--short", "--verify", f"{commit}^{{commit}}")
     directory = os.path.join(logs_root, f"code-{sha}")
-    if not os.path.isdir(directory):
-        os.makedirs(directory)
+    if not os.path.isdir(os.path.join(directory, "python")):
+        os.makedirs(directory, exist_ok=True)
         archive = subprocess.run(["git", "-C", ROOT, "archive", sha, "python"], check=True,
                                  capture_output=True).stdout
         subprocess.run(["tar", "-x", "-C", directory], input=archive, check=True)
     os.environ["PYTHONPATH"] = os.path.join(directory, "python")
-    print(f"[zoo] benching the python/ of commit {sha} ({directory})", flush=True)
-    return {"commit": sha, "source": f"git archive of {sha}'s python/"}
+    python, built = private_python(os.path.join(directory, "env"))
+    print(f"[zoo] benching the python/ of commit {sha} ({directory}); {built}", flush=True)
+    return {"commit": sha, "source": f"git archive of {sha}'s python/", "python": python,
+            "library_extension": built}
+
+
+def private_python(env: str) -> tuple[str, str]:
+    """A venv of its own that sees this venv's packages, with the extension built for the
+    benched source inside it; (its python, the build's line).
+
+    Why: korch_tvm keeps its built extension in <venv>/share, named by its source's hash, and
+    a build removes the outputs of other sources, so a rebuild in the shared venv (someone
+    editing the working tree) would take the benched commit's library kernels away mid-pass."""
+    python = child_venv(env)
+    done = subprocess.run([python, "-m", "korch_tvm.library.build"], capture_output=True,
+                          text=True)
+    line = (done.stdout or done.stderr).strip().splitlines()[-1:] or ["no output"]
+    if done.returncode != 0:
+        raise SystemExit(f"run_zoo: the benched commit's BLAS extension did not build: {line[0]}")
+    return python, line[0]
+
+
+def child_venv(env: str) -> str:
+    """Create (once) a venv at `env` whose python also sees this venv's packages; its python."""
+    import sysconfig
+
+    python = os.path.join(os.path.abspath(env), "bin", "python")
+    if not os.path.exists(python):
+        base = getattr(sys, "_base_executable", None) or sys.executable
+        subprocess.run([base, "-m", "venv", "--without-pip", env], check=True)
+        site = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()"
+                               "['purelib'])"], check=True, capture_output=True,
+                              text=True).stdout.strip()
+        with open(os.path.join(site, "_zoo_parent_venv.pth"), "w", encoding="utf-8") as pth:
+            pth.write(f"import site; site.addsitedir({sysconfig.get_paths()['purelib']!r})\n")
+    return python
 
 
 def write_json(path: str, value) -> None:
@@ -151,8 +186,8 @@ def run_model(name: str, budget: int, args, per_model_dir: str, code: dict) -> N
     tuning_logs = os.path.join(args.tuning_logs, str(budget), name)
     reports = os.path.join(args.tuning_logs, str(budget), f"{name}.reports")
     model = os.path.join(args.models_dir, f"{name}.onnx")
-    command = [os.path.join(os.path.dirname(sys.executable), "korch-tvm"), "bench",
-               model, "--target", args.target,
+    python = code.get("python") or sys.executable
+    command = [python, "-m", "korch_tvm.tools.cli", "bench", model, "--target", args.target,
                "--trials", str(budget), "--tuning-logs", tuning_logs, "--json", out_json,
                "--repeat", str(args.repeat), "--no-memory", "--no-plot", "--reports-dir", reports]
     if args.no_warm:
@@ -170,12 +205,12 @@ def run_model(name: str, budget: int, args, per_model_dir: str, code: dict) -> N
         reason = "korch-tvm bench exited 0 but wrote no JSON"
     verification = None
     if reason is None and args.no_warm:
-        verification, reason = verify_cold(name, model, reports, log_path,
+        verification, reason = verify_cold(python, model, reports, log_path,
                                            args.model_timeout - (time.perf_counter() - started))
     seconds = round(time.perf_counter() - started, 1)
     extra = {"zoo_seconds": seconds, "zoo_code": code, "load_before": round(load_before, 2),
              "load_after": round(os.getloadavg()[0], 2), "zoo_verification": verification,
-             "zoo_library": kept_library_use(reports, name),
+             "zoo_library": kept_library_use(reports, name, log_path),
              "command": " ".join(os.path.relpath(c, ROOT) if c.startswith(ROOT) else c
                                  for c in command)}
     if reason is not None:
@@ -206,12 +241,12 @@ def run_logged(command: list[str], log_path: str, timeout: float, mode: str) -> 
     return None if returncode == 0 else failure_reason(log_path, returncode)
 
 
-def verify_cold(name: str, model: str, reports: str, log_path: str, timeout: float):
+def verify_cold(python: str, model: str, reports: str, log_path: str, timeout: float):
     """Verify the cold libraries `korch-tvm bench --no-warm` timed (bench/zoo/verify_kept.py);
     (the per-library verification, None or the failure's reason)."""
     stem = os.path.splitext(os.path.basename(model))[0]
     out = os.path.join(reports, "verification.json")
-    command = [sys.executable, os.path.join(HERE, "zoo", "verify_kept.py"), model, out,
+    command = [python, os.path.join(HERE, "zoo", "verify_kept.py"), model, out,
                *[f"{path}={os.path.join(reports, f'{stem}.{path}.cold.so')}"
                  for path in ("stock", "korch")]]
     reason = run_logged(command, log_path, timeout, "a")
@@ -223,16 +258,20 @@ def verify_cold(name: str, model: str, reports: str, log_path: str, timeout: flo
     return verification, (reason if len(reason or "") <= 400 else reason[:397] + "...")
 
 
-def kept_library_use(reports: str, name: str) -> dict | None:
+def kept_library_use(reports: str, name: str, log_path: str) -> dict | None:
     """How many of Korch's kernels (cold compile) are library (OpenBLAS) calls, from its kept
-    compile report; None when the report is missing."""
+    compile report, and the log's line if the extension was unavailable; None without a report."""
     report = _load(os.path.join(reports, f"{name}.korch.cold.json"))
     if report is None:
         return None
     plan = report.get("plan") or {}
+    with open(log_path, encoding="utf-8", errors="replace") as handle:
+        missing = next((line.strip() for line in handle
+                        if "library kernels unavailable" in line), None)
     return {"library_kernels": plan.get("library_kernels"),
             "kernels": len(plan.get("kernels") or []),
-            "functions": sorted(map(str, report.get("library_calls") or []))}
+            "functions": sorted(map(str, report.get("library_calls") or [])),
+            "unavailable": missing}
 
 
 _ERROR_LINE = re.compile(r"(error|Error|Exception|Traceback|Killed|Segmentation)")

@@ -137,7 +137,8 @@ def _library(row: dict) -> str:
     use = row.get("library") or {}
     if use.get("library_kernels") is None:
         return "–"
-    return f"{use['library_kernels']} of {use.get('kernels')}"
+    missing = " (extension unavailable)" if use.get("unavailable") else ""
+    return f"{use['library_kernels']} of {use.get('kernels')}{missing}"
 
 
 def _load_cell(row: dict) -> str:

@@ -227,3 +227,16 @@ def test_a_timed_out_bench_ends_the_workers_it_started(tmp_path):
         raise AssertionError(f"worker {worker} still running after the timeout")
     assert run_zoo.run_logged(["bash", "-c", "echo 'Error: x'; exit 3"],
                               str(tmp_path / "e.log"), 5, "w") == "Error: x"
+
+
+def test_the_benched_commit_gets_a_venv_of_its_own_that_sees_the_project_packages(tmp_path):
+    import subprocess
+
+    python = run_zoo.child_venv(str(tmp_path / "env"))
+    probe = ("import sys, numpy, tvm_ffi; from korch_tvm.library.compile_extension import "
+             "library_dir; print(sys.prefix); print(library_dir())")
+    lines = subprocess.run([python, "-c", probe], check=True, capture_output=True,
+                           text=True).stdout.split()
+    assert lines == [str(tmp_path / "env"), str(tmp_path / "env" / "share" / "korch_tvm" /
+                                                "library")]
+    assert run_zoo.child_venv(str(tmp_path / "env")) == python  # made once, then reused
