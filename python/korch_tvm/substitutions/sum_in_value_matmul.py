@@ -6,7 +6,7 @@ reads it again, and only the seq x d result is divided (the Korch paper's Effici
 the ReduceSum merged into the MatMul; MIT EfficientViT's linear attention pads V with ones the
 same way). Where the matrix reaches the matmul transposed (`V @ P^T`, EfficientViT-M), a
 ones row is appended to V instead: `M = [V ; 1] @ E^T`, `O = M[..., :d, :] / M[..., d:, :]`.
-Offered where the division then touches fewer elements than before, like
+Offered where the division then touches no more elements than before, like
 `division_after_matmul`.
 """
 
@@ -66,7 +66,7 @@ class SumInValueMatmul:
                     and static_shape(right) is not None \
                     and static_shape(right)[:-2] == shape[:-2] \
                     and shape[:-1] == static_shape(row[0])[:-1] \
-                    and size_of(out) < size_of(row[0]):
+                    and size_of(out) <= size_of(row[0]):
                 found.append(build_alternative(self.name, [row[0], right], [out], _direct))
                 continue
             column = transposed_row_divisor(program, right)
@@ -75,6 +75,6 @@ class SumInValueMatmul:
                     and static_shape(left)[:-2] == shape[:-2] \
                     and shape[:-2] == static_shape(column[0])[:-2] \
                     and shape[-1] == static_shape(column[0])[-2] \
-                    and size_of(out) < size_of(column[0]):
+                    and size_of(out) <= size_of(column[0]):
                 found.append(build_alternative(self.name, [left, column[0]], [out], _transposed))
         return found
