@@ -59,3 +59,14 @@ def test_convolutions_that_differ_stay_apart():
          ("grouped2", lambda v: R.nn.conv2d(v["x"], constant((8, 4, 1, 1)), groups=2))],
         ["padded", "unpadded", "grouped", "grouped2"])
     assert MergeConvolutionsSharingInput().find(main) == []
+
+
+def test_channels_last_convolutions_merge_along_their_own_channel_axes():
+    def conv(kernel):
+        return lambda v: R.nn.conv2d(v["x"], kernel, data_layout="NHWC", kernel_layout="HWIO")
+    main, _ = build_main({"x": (1, 6, 6, 8)},
+                         [("a", conv(constant((1, 1, 8, 4), seed=1))),
+                          ("b", conv(constant((1, 1, 8, 6), seed=2)))], ["a", "b"])
+    found = MergeConvolutionsSharingInput().find(main)
+    assert [(names(a.reads), names(a.replaces)) for a in found] == [(("x",), ("a", "b"))]
+    assert max(check_alternatives(main, found)) <= 1e-5

@@ -55,3 +55,15 @@ def test_convolution_split_along_channels():
     found = SplitFusedProjection().find(main)
     assert [(names(a.reads), names(a.replaces)) for a in found] == [(("x",), ("a", "b"))]
     assert max(check_alternatives(main, found)) <= 1e-5
+
+
+def test_channels_last_convolution_split_along_its_channel_axis():
+    main, _ = build_main(
+        {"x": (1, 5, 5, 8)},
+        [("fused", lambda v: R.nn.conv2d(v["x"], constant((1, 1, 8, 12), seed=1),
+                                         data_layout="NHWC", kernel_layout="HWIO")),
+         ("a", lambda v: R.strided_slice(v["fused"], [3], [0], [5])),
+         ("b", lambda v: R.strided_slice(v["fused"], [3], [5], [12]))], ["a", "b"])
+    found = SplitFusedProjection().find(main)
+    assert [(names(a.reads), names(a.replaces)) for a in found] == [(("x",), ("a", "b"))]
+    assert max(check_alternatives(main, found)) <= 1e-5
