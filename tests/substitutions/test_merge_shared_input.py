@@ -30,10 +30,14 @@ def test_projections_of_one_input_merge_with_constant_or_parameter_weights():
     assert max(check_alternatives(main, found)) <= 1e-5
 
 
-def test_matmuls_of_different_inputs_stay_apart():
-    main, _ = build_main({"x": (1, 5, 8), "y": (1, 5, 8)},
+def test_matmuls_of_different_inputs_or_on_activations_stay_apart():
+    main, _ = build_main({"x": (1, 5, 8), "y": (1, 5, 8), "z": (8, 4)},
                          [("a", lambda v: R.matmul(v["x"], constant((8, 4)))),
-                          ("b", lambda v: R.matmul(v["y"], constant((8, 4))))], ["a", "b"])
+                          ("b", lambda v: R.matmul(v["y"], constant((8, 4)))),
+                          ("act1", lambda v: R.exp(v["z"])),
+                          ("act2", lambda v: R.sigmoid(v["z"])),
+                          ("c", lambda v: R.matmul(v["x"], v["act1"])),
+                          ("d", lambda v: R.matmul(v["x"], v["act2"]))], ["a", "b", "c", "d"])
     assert MergeMatmulsSharingInput().find(main) == []
 
 

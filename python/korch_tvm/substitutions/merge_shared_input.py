@@ -42,20 +42,27 @@ def _merged_alternative(name: str, source, members, weight_axis: int, out_axis: 
     return build_alternative(name, [source] + [call.args[1] for _, call in members], outs, emit)
 
 
-def _matmul_key(out, call):
-    """What matmuls must share to merge: the input and a 2-D weight's row count and dtype."""
+def _is_weight(program: Program, value) -> bool:
+    return constant_array(value) is not None or any(value.same_as(p) for p in program.params)
+
+
+def _matmul_key(program: Program, call):
+    """What matmuls must share to merge: the input and a 2-D weight's row count and dtype.
+    The weight must be a constant or a parameter, so that concatenating it is weight-only."""
     source, weight = call.args
     shape = static_shape(weight)
     if shape is None or len(shape) != 2 or static_shape(source) is None:
         return None
+    if not _is_weight(program, weight):
+        return None
     return source, shape[0], dtype_of(weight), str(call.attrs.out_dtype)
 
 
-def _conv_key(out, call):
+def _conv_key(program: Program, call):
     """What convolutions must share to merge: input, attrs, and the kernel but for its 'O'."""
     attrs, kernel = call.attrs, call.args[1]
     shape = static_shape(kernel)
-    if int(attrs.groups) != 1 or shape is None:
+    if int(attrs.groups) != 1 or shape is None or not _is_weight(program, kernel):
         return None
     o_axis = str(attrs.kernel_layout).index("O")
     rest = tuple(dim for axis, dim in enumerate(shape) if axis != o_axis)
@@ -67,7 +74,7 @@ def _conv_key(out, call):
 def _groups(program: Program, op_name: str, key_of) -> list[list]:
     groups = defaultdict(list)
     for out, call in program.calls(op_name):
-        key = key_of(out, call)
+        key = key_of(program, call)
         if key is not None:
             groups[key].append((out, call))
     return [members for members in groups.values() if len(members) >= 2]
