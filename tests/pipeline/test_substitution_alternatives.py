@@ -168,3 +168,14 @@ def test_the_summary_and_explain_say_what_was_found_chosen_and_saved():
     assert "  double_as_sum for b (1 primitives): chosen, saves 0.250 ms" in text
     assert "  double_as_sum for d (2 primitives): not offered (straddles a piece cut)" in text
     assert "subproblem 0: 5 primitives, 9 candidates, 9 columns x 14 rows: optimal" in text
+
+
+def test_a_compile_leaves_out_an_alternative_breaking_the_contract(monkeypatch, caplog):
+    class Broken(DoubleAsSum):
+        def find(self, main):
+            return [Alternative("broken", (), a.replaces, a.body) for a in super().find(main)]
+
+    monkeypatch.setattr(offer, "substitution_rules", lambda choice: [Broken(), DoubleAsSum()])
+    graph = offer.graph_with_alternatives(lower_to_primitives(Tiny))
+    assert [site.rule for site in graph.alternatives] == ["double_as_sum"]
+    assert "substitution broken: 1 parameters for 0 reads; not offered" in caplog.text

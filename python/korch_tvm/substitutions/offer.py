@@ -179,6 +179,24 @@ def graph_with_alternatives(lowered: tvm.IRModule, substitutions: str = "on", *,
     the originals (graph/alternatives.py); exactly `PrimitiveGraph.from_module(lowered)` when
     none is found."""
     alternatives = find_alternatives(lowered["main"], substitution_rules(substitutions))
-    offered = offer_alternatives(lowered, alternatives)
+    offered = offer_alternatives(lowered, _keeping_the_contract(lowered["main"], alternatives))
     return PrimitiveGraph.from_module(offered.module, fast_math=fast_math,
                                       offered_sites=offered.sites)
+
+
+def _keeping_the_contract(main: relax.Function, alternatives: Sequence[Alternative]) -> list:
+    """The alternatives that keep alternative.py's contract; one that does not (a rule's bug)
+    is left out with a warning, so the compile goes on with the original program there."""
+    (block,) = main.body.blocks
+    defined = {b.var for b in block.bindings} | set(main.params)
+    binding_of = {b.var: b for b in block.bindings}
+    kept = []
+    for alternative in alternatives:
+        try:
+            _check_alternative(alternative, defined, binding_of)
+            _inlined(alternative, 0)
+        except ValueError as error:
+            logger.warning("%s; not offered", error)
+            continue
+        kept.append(alternative)
+    return kept
