@@ -10,6 +10,7 @@ that data as text, JSON, a self-contained HTML page or Graphviz.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import sys
@@ -160,6 +161,7 @@ def describe_plan(plan, trace=None) -> dict:
         trace = trace.through_rewrite(plan.source[graph.func_name],
                                       plan.in_layout[graph.func_name])
     origins = trace.origins(graph) if trace is not None else [None] * len(graph.nodes)
+    origins = _alternatives_traced_to_what_they_replace(graph, origins)
     groups = plan.chosen_groups
     kernel_ids = [f"k{position}" for position in range(len(groups))]
     kernels_of = {node.index: [] for node in graph.nodes}
@@ -168,6 +170,9 @@ def describe_plan(plan, trace=None) -> dict:
             kernels_of[node].append(kernel_id)
 
     primitives = _describe_primitives(graph, origins, kernels_of)
+    for site in graph.alternatives:  # which primitives an alternative offers, and by what rule
+        for node in site.nodes:
+            primitives[node]["alternative"] = site.rule
     kernels = _describe_kernels(plan, report["kernels"], groups, kernel_ids, primitives)
     recomputed = [{"primitive": p["id"], "op": p["op"], "kernels": p["kernels"]}
                   for p in primitives if len(p["kernels"]) > 1]
@@ -194,6 +199,20 @@ def describe_plan(plan, trace=None) -> dict:
     }
 
 
+def _alternatives_traced_to_what_they_replace(graph, origins: list) -> list:
+    """An alternative's primitives (graph/alternatives.py) are attributed to the ONNX operators
+    of the primitives they recompute: an offered one to its original's, the others to the first
+    replaced one's; never exact, since no ONNX node computes them."""
+    origins = list(origins)
+    for site in graph.alternatives:
+        stand_in = dict(site.equivalences)
+        for node in site.nodes:
+            origin = origins[stand_in.get(node, site.replaced[0])]
+            if origin is not None:
+                origins[node] = dataclasses.replace(origin, exact=False)
+    return origins
+
+
 def _describe_primitives(graph, origins, kernels_of) -> list[dict]:
     """One entry per primitive: op, kind, shape, edges, its ONNX operator and its kernels."""
     primitives = []
@@ -206,7 +225,8 @@ def _describe_primitives(graph, origins, kernels_of) -> list[dict]:
             "output": node.index in graph.outputs,
             "onnx": operator.label if operator is not None else None,
             "onnx_exact": bool(origin.exact) if origin is not None else False,
-            "kernels": kernels_of[node.index], "opaque": not node.fusible})
+            "kernels": kernels_of[node.index], "opaque": not node.fusible,
+            "alternative": None})
     return primitives
 
 
