@@ -3,12 +3,9 @@ so the kernel it blames is found among the kernels the compile really built."""
 
 import json
 
-import numpy as np
-import onnx
 import pytest
-import tvm
-from onnx import TensorProto, helper, numpy_helper
-from tvm import relax
+from pipeline.test_library_kernels import matmul_model        # y = relu(x @ W + b)
+from test_reliability import _scale_kernel_outputs as scaled  # a kernel's result times 1.5
 
 from korch_tvm.backend.target import target_tag
 from korch_tvm.config import KorchConfig
@@ -17,41 +14,6 @@ from korch_tvm.errors import KorchError
 from korch_tvm.library import library_calls
 
 GEMM = "batch=1 m=64 n=96 k=128 ta=0 tb=0 ab=0 bb=0"
-
-
-def matmul_model():
-    """y = relu(x @ W + b)."""
-    rng = np.random.default_rng(0)
-    weights = [numpy_helper.from_array(rng.standard_normal((128, 96)).astype("float32"), "W"),
-               numpy_helper.from_array(rng.standard_normal(96).astype("float32"), "b")]
-    nodes = [helper.make_node("MatMul", ["x", "W"], ["mm"]),
-             helper.make_node("Add", ["mm", "b"], ["a"]), helper.make_node("Relu", ["a"], ["y"])]
-    graph = helper.make_graph(
-        nodes, "gemm", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [64, 128])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [64, 96])], initializer=weights)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    return model
-
-
-def scaled(module, name):
-    """`main` with kernel `name`'s result times 1.5: a wrong kernel."""
-    call_tir = tvm.ir.Op.get("relax.call_tir")
-
-    @relax.expr_functor.mutator
-    class Scale(relax.PyExprMutator):
-        def visit_var_binding_(self, binding):
-            value = self.visit_expr(binding.value)
-            if not (isinstance(value, relax.Call) and value.op.same_as(call_tir)
-                    and value.args[0].name_hint == name):
-                return super().visit_var_binding_(binding)
-            raw = self.builder_.emit(value, "raw")
-            wrong = self.builder_.normalize(relax.op.multiply(raw, relax.const(1.5, "float32")))
-            self.builder_.emit_normalized(relax.VarBinding(binding.var, wrong))
-
-    mutator = Scale(module)
-    mutator.builder_.update_func(module.get_global_var("main"), mutator.visit_expr(module["main"]))
-    return mutator.builder_.get()
 
 
 @pytest.mark.slow
