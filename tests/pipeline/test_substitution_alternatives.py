@@ -179,3 +179,15 @@ def test_a_compile_leaves_out_an_alternative_breaking_the_contract(monkeypatch, 
     graph = offer.graph_with_alternatives(lower_to_primitives(Tiny))
     assert [site.rule for site in graph.alternatives] == ["double_as_sum"]
     assert "substitution broken: 1 parameters for 0 reads; not offered" in caplog.text
+
+
+def test_the_offered_and_legalized_modules_are_well_formed(test_rule):
+    # an untyped block once made FuseOps fail on EfficientViT (its function de-duplication)
+    lowered = lower_to_primitives(Tiny)
+    offered = offer.offer_alternatives(lowered, DoubleAsSum().find(lowered["main"]))
+    assert relax.analysis.well_formed(offered.module) is not False
+    graph = offer.graph_with_alternatives(lowered)
+    assert relax.analysis.well_formed(graph.legalized) is not False
+    from korch_tvm.graph.alternatives import without_alternatives
+
+    assert relax.analysis.well_formed(without_alternatives(graph)) is not False

@@ -80,7 +80,7 @@ def without_alternatives(graph) -> tvm.IRModule:
     builder = relax.BlockBuilder(graph.legalized)
     builder.update_func(graph.legalized.get_global_var(graph.func_name), relax.Function(
         func.params, body, func.ret_ty, func.is_pure, func.attrs))
-    return builder.get()
+    return relax.transform.Normalize()(builder.get())
 
 
 def sites_as_nodes(graph, offered_sites) -> tuple[AlternativeSite, ...]:

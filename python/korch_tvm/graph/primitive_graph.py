@@ -250,8 +250,8 @@ def _uniquify_callees(mod: tvm.IRModule, func_name: str, keep_unread: bool = Fal
     body = relax.SeqExpr([relax.DataflowBlock(rebound)], func.body.body)
     builder.update_func(mod.get_global_var(func_name),
                         relax.Function(func.params, body, func.ret_ty, func.is_pure, func.attrs))
-    if keep_unread:
-        return _without_uncalled_functions(builder.get(), func_name)
+    if keep_unread:  # Normalize fills in the rebound calls' types, as DCE does below
+        return relax.transform.Normalize()(_without_uncalled_functions(builder.get(), func_name))
     return relax.transform.DeadCodeElimination([func_name])(builder.get())
 
 

@@ -77,7 +77,9 @@ def offer_alternatives(mod: tvm.IRModule, alternatives: Sequence[Alternative],
     builder = relax.BlockBuilder(mod)
     builder.update_func(mod.get_global_var(func_name), relax.Function(
         func.params, body, func.ret_ty, func.is_pure, func.attrs))
-    return Offered(builder.get(), tuple(sites))
+    # Normalize types the new block and body: an untyped node makes later passes fail
+    # (FuseOps' function de-duplication, seen on EfficientViT)
+    return Offered(relax.transform.Normalize()(builder.get()), tuple(sites))
 
 
 def _check_alternative(alternative: Alternative, defined: set, binding_of: dict) -> None:
