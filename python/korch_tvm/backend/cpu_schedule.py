@@ -41,6 +41,7 @@ import tvm_ffi
 
 from ..errors import error_summary
 from ..kernels.weight_packing import LAYOUT_FREE_ATTR
+from .cpu_rules import apply_kind_rules
 
 logger = logging.getLogger("korch_tvm.cpu_schedule")
 
@@ -64,17 +65,19 @@ DEFAULT_SCHEDULE_ATTR = "korch.default_schedule"  # marks a PrimFunc scheduled b
 
 def default_schedule(kernel_mod: tvm.IRModule, target, *, register_tiles: bool = True,
                      tile_rows: int = TILE_ROWS, vector_outer: bool = False,
-                     pack_weights: bool = True):
+                     pack_weights: bool = True, kind_rules: bool = True):
     """The schedule of a standalone kernel (`{"main": PrimFunc}`), or None where the rule
     does not apply (the kernel then runs as written). A kernel whose register tile the
     schedule primitives refuse gets the rule without it; `register_tiles=False` asks for that
     form directly (bench/default_schedule.py compares the forms). `tile_rows` and
     `vector_outer` give the variants of `default_schedules`; `pack_weights=False` leaves the
-    weights in the model's layout."""
+    weights in the model's layout; `kind_rules=False` leaves out the per-kind rules
+    (`cpu_rules.py`: the generic rule alone, as bench/kind_floor.py compares)."""
     cores = _cores(target)
     for tiles in (True, False) if register_tiles else (False,):
         try:
-            schedule = _scheduled(kernel_mod, cores, tile_rows if tiles else 0, vector_outer)
+            schedule = _scheduled(kernel_mod, cores, tile_rows if tiles else 0, vector_outer,
+                                  kind_rules)
         except Exception as err:  # noqa: BLE001 - a form the rule does not cover
             logger.debug("no CPU default schedule%s: %s", " with register tiles" if tiles else "",
                          error_summary(str(err)))
@@ -88,7 +91,7 @@ def _distinct_append(schedules: list, schedule) -> None:
         schedules.append(schedule)
 
 
-def default_schedules(kernel_mod: tvm.IRModule, target) -> list:
+def default_schedules(kernel_mod: tvm.IRModule, target, kind_rules: bool = True) -> list:
     """The rule's schedule and its distinct variants, to be measured and the fastest kept.
 
     No one register tile wins on every kernel (bench/results/default_schedule.txt): a taller
@@ -104,7 +107,7 @@ def default_schedules(kernel_mod: tvm.IRModule, target) -> list:
     """
     from ..kernels.fused import kernel_flops
 
-    plain = default_schedule(kernel_mod, target, pack_weights=False)
+    plain = default_schedule(kernel_mod, target, pack_weights=False, kind_rules=kind_rules)
     if plain is None:
         return []
     schedules = [_with_packed_weights(plain, target)]
@@ -115,7 +118,7 @@ def default_schedules(kernel_mod: tvm.IRModule, target) -> list:
     for tile_rows, vector_outer in ((WIDE_TILE_ROWS, False), (TILE_ROWS, True)):
         try:  # no fallback to an untiled form here: that is never the faster one
             variant = _with_packed_weights(
-                _scheduled(kernel_mod, cores, tile_rows, vector_outer), target)
+                _scheduled(kernel_mod, cores, tile_rows, vector_outer, kind_rules), target)
         except Exception:  # noqa: BLE001 - a form the variant does not cover
             continue
         _distinct_append(schedules, variant)
@@ -127,7 +130,8 @@ def _cores(target) -> int:
     return max(1, int(target.attrs.get("num-cores", 1)))
 
 
-def _scheduled(kernel_mod: tvm.IRModule, cores: int, tile_rows: int, vector_outer: bool = False):
+def _scheduled(kernel_mod: tvm.IRModule, cores: int, tile_rows: int, vector_outer: bool = False,
+               kind_rules: bool = True):
     """The rule on every block; `tile_rows` 0: no register tiles; `vector_outer`: a tiled
     block's loops in the order (vector's outer loop, other spatial loops)."""
     from tvm.s_tir.dlight.analysis import normalize_prim_func
@@ -140,6 +144,14 @@ def _scheduled(kernel_mod: tvm.IRModule, cores: int, tile_rows: int, vector_oute
     blocks = normalize_prim_func(schedule)
     if blocks is None:
         raise ValueError("the kernel has blocks dlight cannot normalize")
+    kept = apply_kind_rules(schedule, blocks, _row_loop, _tile_rows,
+                            _vector_width) if kind_rules else None
+    if kept is not None:
+        _inline_injective(schedule, [block.block_rv for block in normalize_prim_func(schedule)
+                                     if schedule.get(block.block_rv).name_hint not in kept])
+        blocks = normalize_prim_func(schedule)
+        if blocks is None:
+            raise ValueError("the kernel has blocks dlight cannot normalize")
     for block in blocks:
         if _still_there(schedule, block.block_rv):  # not written back by a tile before it
             _schedule_block(schedule, block, cores, tile_rows, vector_outer)
@@ -292,12 +304,25 @@ def _accumulate_in_registers(schedule, block_rv, anchor) -> None:
     with the block's elementwise consumers (bias, activation) applied on the way out."""
     write_back = schedule.cache_write(block_rv, 0, "local")
     for consumer in schedule.get_consumers(write_back):
+        if _domain(schedule, consumer) != _domain(schedule, write_back):
+            continue  # the valid part of a padded tile (cpu_rules.py): inlined, it would not be
         try:
             schedule.reverse_compute_inline(consumer)
         except tvm.s_tir.ScheduleError:
             continue
     schedule.reverse_compute_at(write_back, anchor)
     schedule.vectorize(schedule.get_loops(write_back)[-1])
+
+
+def _domain(schedule, block_rv) -> int | None:
+    """The number of points of a block's iteration space (None: not static)."""
+    points = 1
+    for iter_var in schedule.get(block_rv).iter_vars:
+        extent = iter_var.dom.extent
+        if not isinstance(extent, tvm.tirx.IntImm):
+            return None
+        points *= int(extent)
+    return points
 
 
 def _extent(schedule, loop) -> int | None:

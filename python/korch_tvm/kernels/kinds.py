@@ -20,6 +20,7 @@ import os
 from collections.abc import Iterable, Mapping
 
 import tvm
+import tvm.sym
 import tvm_ffi
 
 from .weight_packing import original_kernel_name
@@ -212,3 +213,123 @@ def ort_kind_times(profile, skip_runs: int = 1) -> dict[str, float]:
         kind = ort_node_kind(args.get("op_name", ""), args.get("input_type_shape", []))
         totals[kind] += float(event["dur"]) / 1e3
     return {kind: ms / counted for kind, ms in totals.items()}
+
+
+# --------------------------------------------------------------------- compute kinds (finer)
+# The kinds a default schedule must handle well, finer than KINDS: what the model zoo holds
+# (bench/kind_floor.py reports each kind's distance from its roofline floor).
+COMPUTE_KINDS = ("bmm_transposed", "bmm", "matmul_few_rows", "matmul", "conv_depthwise",
+                 "conv_grouped", "conv_dilated", "conv_strided", "conv", "gather", "memory")
+FEW_ROWS = 8  # a matmul with at most this many rows (a classifier head) is a GEMV in effect
+
+
+def compute_kind(func: tvm.tirx.PrimFunc) -> str:
+    """One of COMPUTE_KINDS for a PrimFunc as written.
+
+    A matmul is read with its injective prologue inlined (a fused transpose shows in its
+    indices): `bmm_transposed` when an operand's last index is not its contiguous axis (the
+    reduction for the left operand, the output column for the right one, as in attention's
+    Q K^T), `bmm` with batch axes, `matmul_few_rows` with at most FEW_ROWS rows. A convolution
+    is depthwise, grouped (its input channel index is built from the output channel), dilated
+    or strided by the coefficients of its window indices, else plain. A kernel without a
+    contraction that loads through a loaded index is a gather (an embedding)."""
+    for block in _collect(func.body, tvm.s_tir.SBlock, []):
+        kind = _block_kind(block)
+        if kind is None:
+            continue
+        if kind == "matmul":
+            return _matmul_kind(func)
+        return _conv_kind(block, kind)
+    loads = _collect(func.body, _LOAD, [])
+    if any(_collect(index, _LOAD, []) for load in loads for index in load.indices):
+        return "gather"
+    return "memory"
+
+
+def _contraction(block):
+    """(spatial vars in order with extents, reduction vars, the two multiplied loads)."""
+    spatial = [(iv.var, _static_extent(iv)) for iv in block.iter_vars
+               if int(iv.iter_type) != _REDUCE]
+    reduce_vars = {iv.var for iv in block.iter_vars if int(iv.iter_type) == _REDUCE}
+    for product in _collect(block.body.value, tvm.tirx.Mul, []):
+        a, b = _strip_casts(product.a), _strip_casts(product.b)
+        if isinstance(a, _LOAD) and isinstance(b, _LOAD):
+            return spatial, reduce_vars, (a, b)
+    return spatial, reduce_vars, None
+
+
+def _static_extent(iter_var) -> int:
+    extent = iter_var.dom.extent
+    return int(extent) if isinstance(extent, tvm.tirx.IntImm) else 0
+
+
+def _inlined(func: tvm.tirx.PrimFunc) -> tvm.tirx.PrimFunc:
+    """`func` with every block that can be inlined into its consumers inlined (as the CPU
+    default schedule starts), so a matmul's loads show the layout it really reads."""
+    schedule = tvm.s_tir.Schedule(tvm.IRModule({"main": func}))
+    changed = True
+    while changed:
+        changed = False
+        for block in _collect(schedule.mod["main"].body, tvm.s_tir.SBlock, []):
+            if block.name_hint == "root":
+                continue
+            try:
+                schedule.compute_inline(schedule.get_sblock(block.name_hint))
+            except Exception:  # noqa: BLE001 - not inlinable (a reduction, an output)
+                continue
+            changed = True
+            break
+    return schedule.mod["main"]
+
+
+def _matmul_kind(func: tvm.tirx.PrimFunc) -> str:
+    for block in _collect(_inlined(func).body, tvm.s_tir.SBlock, []):
+        if _block_kind(block) != "matmul":
+            continue
+        spatial, reduce_vars, loads = _contraction(block)
+        if loads is None or not spatial:
+            return "matmul"
+        column = spatial[-1][0]
+        right = [load for load in loads if column in _vars_in(load)]
+        left = [load for load in loads if column not in _vars_in(load)]
+        if not right or not left:
+            return "matmul"
+        batch = [extent for var, extent in spatial[:-1]
+                 if var in _vars_in(left[0]) and var in _vars_in(right[0]) and extent != 1]
+        rows = 1
+        for var, extent in spatial[:-1]:
+            rows *= extent if var in _vars_in(left[0]) and var not in _vars_in(right[0]) else 1
+        transposed = (column not in _vars_in(right[0].indices[-1])
+                      or not _vars_in(left[0].indices[-1]) & reduce_vars)
+        if batch:
+            return "bmm_transposed" if transposed else "bmm"
+        return "matmul_few_rows" if rows <= FEW_ROWS else "matmul"
+    return "matmul"
+
+
+def _conv_kind(block, kind: str) -> str:
+    spatial, reduce_vars, loads = _contraction(block)
+    extents = {iv.var: _static_extent(iv) for iv in block.iter_vars}
+    spatial_vars = {var for var, _ in spatial}
+    strided = dilated = grouped = False
+    for load in loads or ():
+        for index in load.indices:
+            used = _vars_in(index)
+            if not (used & spatial_vars and used & reduce_vars):
+                continue
+            if _collect(index, tvm.tirx.FloorDiv, []):
+                grouped |= any(extents[var] > 1 for var in used & reduce_vars)
+                continue
+            ordered = sorted(used, key=lambda v: (v not in spatial_vars, str(v)))
+            coefficients = tvm.sym.detect_linear_equation(index, ordered)
+            for var, coefficient in zip(ordered, coefficients):
+                value = int(coefficient) if isinstance(coefficient, tvm.tirx.IntImm) else 1
+                strided |= var in spatial_vars and value > 1
+                dilated |= var in reduce_vars and value > 1
+    if grouped:
+        return "conv_grouped"
+    if kind == "conv_depthwise":
+        return kind
+    if dilated:
+        return "conv_dilated"
+    return "conv_strided" if strided else "conv"
