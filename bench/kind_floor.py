@@ -115,9 +115,13 @@ def model_kernels(name: str, target, cache: str, keep: int = 2) -> list[dict]:
 
     path = os.path.join(cache, f"{name}.json")
     if os.path.exists(path):
+        from korch_tvm.kernels.kinds import compute_kind
+
         with open(path, encoding="utf-8") as handle:
-            entries = json.load(handle)
-        return [{**entry, "module": tvm.ir.load_json(entry["module"])} for entry in entries]
+            entries = [{**entry, "module": tvm.ir.load_json(entry["module"])}
+                       for entry in json.load(handle)]
+        # the kind as the current classifier says (the cache may predate a change to it)
+        return [{**entry, "kind": compute_kind(entry["module"]["main"])} for entry in entries]
     from korch_tvm.config import KorchConfig
     from korch_tvm.frontend.onnx_import import import_onnx, load_onnx
     from korch_tvm.graph.primitive_graph import PrimitiveGraph

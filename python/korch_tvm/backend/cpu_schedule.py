@@ -24,6 +24,10 @@ that is not a reduction) and gives every block left:
 * every weight the model passes as a constant (`layout_free_buffers`) packed in the order the
   loops read it (`_with_packed_weights`), once at compile time.
 
+Before the rule, the per-kind rules of `cpu_rules.py` reshape the blocks the rule would leave
+without a vector or a tile (a contraction over 197 tokens is padded to whole tiles);
+`kind_rules=False` gives the rule alone (bench/kind_floor.py compares the two).
+
 The rule has two variants for large tiled kernels, a taller register tile and a loop order
 that keeps the weights in cache (`default_schedules`); the profiler measures them all and the
 log keeps the fastest. A kernel the rule cannot handle (dynamic extents, opaque blocks) keeps

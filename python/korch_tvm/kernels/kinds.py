@@ -8,6 +8,10 @@ the product of their extents) and the others are the input channels per group (e
 one input channel per output channel: depthwise). Anything without such a block is
 memory-bound (elementwise, reductions like softmax or norms, layout changes, pooling).
 
+`compute_kind` is finer (COMPUTE_KINDS: batched matmuls with or without a transposed operand,
+few-row matmuls, depthwise / grouped / dilated / strided convolutions, gathers): the kinds a
+default schedule must handle, which bench/kind_floor.py measures against their floors.
+
 `kind_times` sums per-kernel times of a module by these kinds; `plan_kind_times` does it for a
 Korch plan report; `ort_kind_times` reads ONNX Runtime's profiler JSON and sums node times by
 the same kinds, so the two can be compared side by side.
