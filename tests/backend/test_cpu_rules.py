@@ -118,3 +118,23 @@ def test_an_embedding_lookup_is_a_gather():
     ids = te.placeholder((8,), name="ids", dtype="int64")
     out = te.compute((8, 64), lambda i, j: table[ids[i], j], name="out")
     assert compute_kind(_kernel(table, ids, out)["main"]) == "gather"
+
+
+def test_the_profiler_logs_a_padded_default_under_a_trace_that_rebuilds_it(tmp_path):
+    """The log contract holds for padded kernels: the default measurement is recorded under
+    the schedule's trace, and that trace rebuilds one of the measured schedules."""
+    import tvm_ffi
+
+    from korch_tvm.costing.measure import measure_kernels
+    from korch_tvm.costing.tuning_log import TuningLog
+
+    mod = _batch_matmul(2, 197, 32, 197)
+    log = TuningLog(tmp_path, TARGET)
+    cost = measure_kernels({"scores": mod}, TARGET, log)["scores"]
+    assert cost.source == "measured" and 0 < cost.seconds < 1
+    record = log.best_record(mod)
+    applied = tvm.s_tir.Schedule(mod)
+    record.trace.apply_to_schedule(applied, remove_postproc=False)
+    assert any(tvm_ffi.structural_equal(applied.mod, schedule.mod)
+               for schedule in default_schedules(mod, TARGET))
+    assert re.search(r"\b208\b", applied.mod["main"].script())
