@@ -132,27 +132,18 @@ def cost_what_plans_need(kept_kernels, predicted, stock_keys, anchors, solve, ke
     known = {key: cost for key, cost in best.items() if cost.source != "predicted"}
     anchors = _library_apart(anchors, known)
 
-    def solver(memory_limit):
-        def solve_on(costs):
-            solution = solve(costs, memory_limit=memory_limit)
-            return solution, [key_of_candidate[i] for i in solution[2]]
-        return solve_on
+    def solve_on(costs):
+        solution = solve(costs)
+        return solution, [key_of_candidate[i] for i in solution[2]]
 
-    def settle(solve_on, known_now):
-        return solve_lazily(
-            solve_on, {key: predicted[key] for key in kept_kernels}, known_now,
-            lambda keys: default_schedule_costs(kept_kernels, _remember(best, measure(keys)),
-                                                tuning_log),
-            config.lazy_margin if math.isfinite(config.prune_margin) else 0.0, anchors)
-
-    # A solve within the stock plan's memory re-solves pieces many times over, so the plan is
-    # settled without the limit first; the rounds with it then start from what that measured
-    # and end, as always, on a plan of measured kernels that respects the limit.
-    unlimited = settle(solver(False), default_schedule_costs(kept_kernels, known, tuning_log))
-    result = settle(solver(True), unlimited.known)
-    logger.info("costing: %d of %d kernels measured or logged, plan settled in %d + %d "
-                "round(s)", len(result.known), len(kept_kernels), unlimited.rounds,
-                result.rounds)
+    result = solve_lazily(
+        solve_on, {key: predicted[key] for key in kept_kernels},
+        default_schedule_costs(kept_kernels, known, tuning_log),
+        lambda keys: default_schedule_costs(kept_kernels, _remember(best, measure(keys)),
+                                            tuning_log),
+        config.lazy_margin if math.isfinite(config.prune_margin) else 0.0, anchors)
+    logger.info("costing: %d of %d kernels measured or logged, plan settled in %d round(s)",
+                len(result.known), len(kept_kernels), result.rounds)
     return best, result.solution[2]
 
 
