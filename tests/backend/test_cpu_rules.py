@@ -138,3 +138,16 @@ def test_the_profiler_logs_a_padded_default_under_a_trace_that_rebuilds_it(tmp_p
     assert any(tvm_ffi.structural_equal(applied.mod, schedule.mod)
                for schedule in default_schedules(mod, TARGET))
     assert re.search(r"\b208\b", applied.mod["main"].script())
+
+
+def test_a_weight_is_never_padded_along_its_columns():
+    """197 output columns read from a model constant (layout free): padding them would copy the
+    whole weight on every call, so the columns stay as they are; as an activation they are
+    padded."""
+    mod = _matmul(64, 96, 197)
+    as_weight = tvm.IRModule({"main": mod["main"].with_attr("layout_free_buffers", [1])})
+    padded = [bool(re.search(r"\b208\b", default_schedule(m, TARGET, pack_weights=False)
+                             .mod["main"].script())) for m in (mod, as_weight)]
+    assert padded == [True, False]
+    np.testing.assert_allclose(_run(default_schedule(as_weight, TARGET).mod), _run(mod),
+                               rtol=1e-4, atol=1e-4)

@@ -75,7 +75,8 @@ def _padding(schedule, block, context) -> list[int] | None:
     padding = [1] * len(iters)
     vector = spatial[-1]
     width = context["vector_width"](extents[vector])
-    if (width is None or width < VECTOR_WIDTH_WANTED) and extents[vector] >= MIN_PADDED_EXTENT:
+    if ((width is None or width < VECTOR_WIDTH_WANTED) and extents[vector] >= MIN_PADDED_EXTENT
+            and not _reads_weight_along(schedule, block, iters[vector].var)):
         padding[vector] = PAD_VECTOR
     row = context["row_loop"](schedule, block)
     if row is not None:
@@ -84,6 +85,18 @@ def _padding(schedule, block, context) -> list[int] | None:
                 and extents[row_iter] >= MIN_PADDED_EXTENT):
             padding[row_iter] = PAD_TILE_ROWS
     return padding if any(p > 1 for p in padding) else None
+
+
+def _reads_weight_along(schedule, block, var) -> bool:
+    """Whether the block reads a layout-free weight (a model constant) along `var`: padding
+    that axis would copy the whole weight on every call, so it is left alone."""
+    func = schedule.mod["main"]
+    free = list(func.attrs.get("layout_free_buffers", [])) if func.attrs is not None else []
+    weights = {str(func.params[int(i)].name) for i in free}
+    return any(str(region.source.name) in weights
+               and any(var.same_as(used) for extent in region.region
+                       for used in tvm.tirx.analysis.undefined_vars(extent.min))
+               for region in schedule.get(block.block_rv).reads)
 
 
 def _int(value) -> int | None:
