@@ -16,7 +16,8 @@ MEMORY_LIMITS = ("stock", "none")
 # GEMM kernel where the extension is built; "off" costs and builds TVM kernels only.
 LIBRARY_CHOICES = ("auto", "off")
 # Substitutions (substitutions/offer.py): "on" offers every rule's alternatives to the solver
-# beside the originals; "off" plans the graph as lowered.
+# beside the originals; "off" (the default: on the zoo they doubled compile time for a modelled
+# gain under 1 %, bench/results/substitutions.md) plans the graph as lowered.
 SUBSTITUTION_CHOICES = ("on", "off")
 
 
@@ -72,7 +73,7 @@ class KorchConfig:
     # "auto": a plain GEMM kernel costs the cheaper of TVM's kernel and the BLAS call, and the
     # Korch plan's kernels whose cost is the BLAS's run as BLAS calls; "off": TVM kernels only.
     library: str = "auto"
-    substitutions: str = "on"
+    substitutions: str = "off"
 
     def __post_init__(self):
         # A frozen dataclass: the resolved target replaces the spec once, before validation.

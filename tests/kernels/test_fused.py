@@ -13,7 +13,7 @@ from korch_tvm.graph.primitive_graph import PrimitiveGraph
 from korch_tvm.kernels.fused import (build_partition_module, candidate_io, candidate_kernel,
                                      canonical_prim_func, distinct_kernels, kernel_module,
                                      structural_key)
-from korch_tvm.kernels.group_block import remap
+from korch_tvm.graph.relax_exprs import remap
 from test_primitive_graph import SEQ, HIDDEN, assert_same_outputs, transformer_module
 
 

@@ -136,7 +136,7 @@ def test_an_alternative_breaking_the_contract_is_refused():
 def test_a_compile_offers_the_alternative_and_verifies(test_rule, tmp_path):
     from korch_tvm import KorchConfig, compile_model
 
-    config = KorchConfig(library="off", time_budget=0)
+    config = KorchConfig(library="off", time_budget=0, substitutions="on")
     _, report = compile_model(Tiny, korch=True, tuning_logs=str(tmp_path), config=config)
     substitutions = report["plan"]["substitutions"]
     assert substitutions["found"] == 1 and substitutions["sites"][0]["offered"]

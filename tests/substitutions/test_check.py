@@ -1,7 +1,7 @@
 """check_alternative: the original subgraph is extracted from main, and a wrong body is caught."""
 
 import pytest
-from conftest import build_main
+from substitution_programs import build_main
 
 from korch_tvm.substitutions.alternative import Alternative
 from korch_tvm.substitutions.check import check_alternative, original_subgraph

@@ -1,6 +1,6 @@
 """Softmax's division moved after its matmul, and a scaling moved before one."""
 
-from conftest import build_main, constant, names
+from substitution_programs import build_main, constant, names
 
 from korch_tvm.substitutions.check import check_alternatives
 from korch_tvm.substitutions.division_after_matmul import DivisionAfterMatmul, ScaleBeforeMatmul

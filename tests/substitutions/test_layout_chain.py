@@ -1,6 +1,6 @@
 """Reshape/permute chains folded to the single op they compose to."""
 
-from conftest import build_main, names
+from substitution_programs import build_main, names
 
 from korch_tvm.substitutions.check import check_alternatives
 from korch_tvm.substitutions.layout_chain import FoldLayoutChain

@@ -1,6 +1,6 @@
 """Matmuls and convolutions sharing an input merged into one, parts sliced apart."""
 
-from conftest import build_main, constant, names
+from substitution_programs import build_main, constant, names
 
 from korch_tvm.substitutions.check import check_alternatives
 from korch_tvm.substitutions.merge_shared_input import (MergeConvolutionsSharingInput,

@@ -1,6 +1,6 @@
 """A fused qkv projection (matmul or 1x1 convolution) split into per-part projections."""
 
-from conftest import build_main, constant, names
+from substitution_programs import build_main, constant, names
 
 from korch_tvm.substitutions.check import check_alternatives
 from korch_tvm.substitutions.program import R

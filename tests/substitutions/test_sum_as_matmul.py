@@ -1,6 +1,6 @@
 """A row (or column) sum as a matmul with ones, and back."""
 
-from conftest import build_main, constant, names
+from substitution_programs import build_main, constant, names
 
 from korch_tvm.substitutions.check import check_alternatives
 from korch_tvm.substitutions.program import R

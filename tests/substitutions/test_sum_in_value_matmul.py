@@ -1,6 +1,6 @@
 """Softmax's row sum computed by the value matmul on V with a ones column (or row)."""
 
-from conftest import build_main, names
+from substitution_programs import build_main, names
 
 from korch_tvm.substitutions.check import check_alternatives
 from korch_tvm.substitutions.program import R

@@ -34,6 +34,7 @@ from tvm import relax
 from ..errors import KorchError
 from ..lowering.fast_math import legalize_ops
 from ..lowering.primitive_kinds import op_kind
+from .relax_exprs import leaves
 from .alternatives import (AlternativeSite, alternative_nodes, sites_as_nodes,
                            without_alternatives)
 
@@ -267,19 +268,6 @@ def _without_uncalled_functions(mod: tvm.IRModule, func_name: str) -> tvm.IRModu
             frontier += list(relax.analysis.all_global_vars(mod[gvar]))
     return tvm.IRModule({gv: f for gv, f in mod.functions_items() if gv.name_hint in keep},
                         attrs=mod.attrs)
-
-
-def leaves(expr) -> list:
-    """Vars and constants an expression reads (tuples flattened, callees skipped)."""
-    if isinstance(expr, relax.Tuple):
-        return [x for f in expr.fields for x in leaves(f)]
-    if isinstance(expr, relax.Call):
-        return [x for a in expr.args for x in leaves(a)]
-    if isinstance(expr, relax.TupleGetItem):
-        return leaves(expr.tuple_value)
-    if isinstance(expr, (relax.Var, tvm.ir.expr.Constant)):
-        return [expr]
-    return []
 
 
 def _tensor_types(ty) -> list:

@@ -24,7 +24,8 @@ import tvm
 import tvm_ffi
 from tvm import relax
 
-from ..graph.primitive_graph import KERNEL_PREFIX, PrimitiveGraph, leaves
+from ..graph.primitive_graph import KERNEL_PREFIX, PrimitiveGraph
+from ..graph.relax_exprs import leaves
 from .group_block import BindingBlock, group_function
 from .kernel_facts import is_scheduled, kernel_blocks, kernel_flops, schedule_unscheduled, written_params
 from .keys import canonical_prim_func, kernel_module, structural_key, structurally_equal_groups

@@ -12,7 +12,8 @@ import tvm
 from tvm import relax
 
 from ..graph.alternatives import counts_as_reader, site_of_node
-from ..graph.primitive_graph import PrimitiveGraph, leaves
+from ..graph.primitive_graph import PrimitiveGraph
+from ..graph.relax_exprs import leaves, remap
 
 
 class BindingBlock:
@@ -66,20 +67,6 @@ def _site_of_position(graph: PrimitiveGraph) -> dict[int, int]:
     """Binding position -> the alternative its node belongs to (originals are absent)."""
     return {p: k for node, k in site_of_node(graph.alternatives).items()
             for p in graph.nodes[node].bindings}
-
-
-def remap(expr, mapping: dict):
-    """`expr` with every Var or Constant that `mapping` holds replaced by its image."""
-    if isinstance(expr, (relax.Var, tvm.ir.expr.Constant)):
-        return mapping.get(expr, expr)
-    if isinstance(expr, relax.Tuple):
-        return relax.Tuple([remap(x, mapping) for x in expr.fields])
-    if isinstance(expr, relax.TupleGetItem):
-        return relax.TupleGetItem(remap(expr.tuple_value, mapping), expr.index)
-    if isinstance(expr, relax.Call):
-        return relax.Call(expr.op, [remap(a, mapping) for a in expr.args], expr.attrs,
-                          expr.ty_args)
-    return expr
 
 
 def group_function(block: BindingBlock, members, inputs, exports, group: int) -> relax.Function:

@@ -7,9 +7,10 @@ from typing import Iterable, Sequence
 import tvm
 from tvm import relax
 
-from ..graph.primitive_graph import KERNEL_PREFIX, PrimitiveGraph, leaves
+from ..graph.primitive_graph import KERNEL_PREFIX, PrimitiveGraph
 from ..support.toposort import ordered_topologically
-from .group_block import BindingBlock, group_function, remap
+from ..graph.relax_exprs import leaves, remap
+from .group_block import BindingBlock, group_function
 from .weight_packing import mark_layout_free_weights
 
 

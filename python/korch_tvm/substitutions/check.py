@@ -15,7 +15,8 @@ import tvm
 from tvm import relax
 
 from .alternative import Alternative
-from .program import dtype_of, static_shape, vars_read
+from ..graph.relax_exprs import remap, vars_read
+from .program import dtype_of, static_shape
 
 
 def original_subgraph(main: relax.Function, alternative: Alternative) -> relax.Function:
@@ -40,7 +41,7 @@ def original_subgraph(main: relax.Function, alternative: Alternative) -> relax.F
     bb = relax.BlockBuilder()
     with bb.function("original", params):
         for var in sorted(needed, key=order.__getitem__):
-            mapping[var] = bb.emit(_substitute(value_of[var], mapping), var.name)
+            mapping[var] = bb.emit(remap(value_of[var], mapping), var.name)
         bb.emit_func_output(relax.Tuple([mapping[var] for var in alternative.replaces]))
     return bb.get()["original"]
 
@@ -96,14 +97,3 @@ def _named(func: relax.Function, name: str) -> relax.Function:
     return func.with_attr("global_symbol", name)
 
 
-def _substitute(expr, mapping: dict):
-    if isinstance(expr, relax.Var):
-        return mapping.get(expr, expr)
-    if isinstance(expr, relax.Tuple):
-        return relax.Tuple([_substitute(field, mapping) for field in expr.fields])
-    if isinstance(expr, relax.TupleGetItem):
-        return relax.TupleGetItem(_substitute(expr.tuple_value, mapping), expr.index)
-    if isinstance(expr, relax.Call):
-        return relax.Call(expr.op, [_substitute(arg, mapping) for arg in expr.args],
-                          expr.attrs, expr.ty_args)
-    return expr

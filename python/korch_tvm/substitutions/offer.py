@@ -22,9 +22,10 @@ import tvm
 import tvm_ffi
 from tvm import relax
 
-from ..graph.primitive_graph import PrimitiveGraph, leaves
-from ..kernels.group_block import remap
+from ..graph.primitive_graph import PrimitiveGraph
+from ..graph.relax_exprs import leaves, remap
 from .alternative import Alternative
+from .rules import ALL_RULES, find_alternatives
 
 logger = logging.getLogger("korch_tvm.substitutions")
 
@@ -46,17 +47,6 @@ class Offered:
 
     module: tvm.IRModule
     sites: tuple[OfferedSite, ...]
-
-
-def find_alternatives(main: relax.Function, rules: Iterable) -> list[Alternative]:
-    """Every alternative each rule finds in `main`, in rule order."""
-    found = []
-    for rule in rules:
-        alternatives = list(rule.find(main))
-        if alternatives:
-            logger.info("substitution %s: %d site(s)", rule.name, len(alternatives))
-        found += alternatives
-    return found
 
 
 def offer_alternatives(mod: tvm.IRModule, alternatives: Sequence[Alternative],
@@ -166,13 +156,7 @@ def _weights_folded(body: relax.Function) -> relax.Function:
 def substitution_rules(choice: str) -> list:
     """The rules `--substitutions` (`KorchConfig.substitutions`) asks for: every rule of
     substitutions/rules.py for "on", none for "off"."""
-    if choice == "off":
-        return []
-    try:
-        from .rules import ALL_RULES
-    except ImportError:  # no rule module yet: nothing to offer
-        return []
-    return list(ALL_RULES)
+    return [] if choice == "off" else list(ALL_RULES)
 
 
 def graph_with_alternatives(lowered: tvm.IRModule, substitutions: str = "on", *,

@@ -14,6 +14,7 @@ import numpy as np
 import tvm
 from tvm import relax
 
+from ..graph.relax_exprs import vars_read
 from .alternative import Alternative
 
 R = relax.op
@@ -60,18 +61,6 @@ class Program:
             var = call.args[0]
             call = self.call_of(var, "relax.astype")
         return var
-
-
-def vars_read(expr) -> list[relax.Var]:
-    if isinstance(expr, relax.Var):
-        return [expr]
-    if isinstance(expr, relax.Tuple):
-        return [v for field in expr.fields for v in vars_read(field)]
-    if isinstance(expr, relax.Call):
-        return [v for arg in expr.args for v in vars_read(arg)]
-    if isinstance(expr, relax.TupleGetItem):
-        return vars_read(expr.tuple_value)
-    return []
 
 
 def is_call(expr, op_name: str) -> bool:

@@ -6,6 +6,7 @@ reproducible); every rule looks at the unmodified `main`, never at another rule'
 
 from __future__ import annotations
 
+import logging
 from typing import Sequence
 
 from tvm import relax
@@ -17,6 +18,8 @@ from .merge_shared_input import MergeConvolutionsSharingInput, MergeMatmulsShari
 from .split_fused_projection import SplitFusedProjection
 from .sum_as_matmul import MatmulAsSum, SumAsMatmul
 from .sum_in_value_matmul import SumInValueMatmul
+
+logger = logging.getLogger("korch_tvm.substitutions")
 
 ALL_RULES: tuple[SubstitutionRule, ...] = (
     DivisionAfterMatmul(),
@@ -34,4 +37,10 @@ ALL_RULES: tuple[SubstitutionRule, ...] = (
 def find_alternatives(main: relax.Function,
                       rules: Sequence[SubstitutionRule] = ALL_RULES) -> list[Alternative]:
     """Every alternative each rule finds in `main`, rule by rule in `rules`' order."""
-    return [alternative for rule in rules for alternative in rule.find(main)]
+    found = []
+    for rule in rules:
+        alternatives = list(rule.find(main))
+        if alternatives:
+            logger.info("substitution %s: %d site(s)", rule.name, len(alternatives))
+        found += alternatives
+    return found

@@ -105,10 +105,10 @@ FLAGS: dict[str, Flag] = {flag.name: flag for flag in (
     Flag(("--library",), dict(choices=LIBRARY_CHOICES, default="auto", help=_LIBRARY_HELP),
          "library"),
     Flag(("--substitutions",), dict(
-        choices=SUBSTITUTION_CHOICES, default="on",
-        help="'on' (default): graph rewrites (substitutions/) are offered to the solver beside "
-             "the original primitives, and used only where their kernels are cheaper; 'off': "
-             "the graph as lowered"), "substitutions"),
+        choices=SUBSTITUTION_CHOICES, default="off",
+        help="'on': graph rewrites (substitutions/) are offered to the solver beside the "
+             "original primitives, and used only where their kernels are cheaper (about twice "
+             "the compile time); 'off' (default): the graph as lowered"), "substitutions"),
     Flag(("--prune-margin",), dict(
         type=float, default=None,
         help="Korch's pruning margin (default: KorchConfig's; 'inf' costs every candidate)"),
