@@ -34,12 +34,11 @@ from tvm import relax
 from ..errors import KorchError
 from ..lowering.fast_math import legalize_ops
 from ..lowering.primitive_kinds import op_kind
+from .callees import CALL_TIR, NODE_ATTR, uniquify_callees
 from .relax_exprs import leaves
 from .alternatives import (AlternativeSite, alternative_nodes, sites_as_nodes,
                            without_alternatives)
 
-CALL_TIR = tvm.ir.Op.get("relax.call_tir")
-NODE_ATTR = "korch_node"
 KERNEL_PREFIX = "korch_k"
 
 # Fallback kinds for call_tir bindings that no Relax op of the input accounts for (an op whose
@@ -139,7 +138,7 @@ class PrimitiveGraph:
                      if isinstance(b.value, relax.Call) and isinstance(b.value.op, tvm.ir.Op)}
         legal = tvm.transform.Sequential([legalize_ops(fast_math),
                                           relax.transform.AnnotateTIROpPattern()])(mod)
-        legal = _uniquify_callees(legal, func_name, keep_unread=bool(offered_sites))
+        legal = uniquify_callees(legal, func_name, keep_unread=bool(offered_sites))
         graph = _read_legalized(legal, func_name, relax_ops)
         if not offered_sites:
             return graph
@@ -232,42 +231,6 @@ def _bits(mask: int):
 
 def _node_ids_of_calls(mod: tvm.IRModule, calls, node_at: dict) -> set[int]:
     return {node_at[int(mod[call.args[0]].attrs[NODE_ATTR])] for call in calls}
-
-
-def _uniquify_callees(mod: tvm.IRModule, func_name: str, keep_unread: bool = False
-                      ) -> tvm.IRModule:
-    """Give every call_tir binding its own PrimFunc copy, tagged with its binding position.
-    `keep_unread`: keep bindings nothing reads (offered alternatives), dropping only the
-    functions no longer called."""
-    builder, func = relax.BlockBuilder(mod), mod[func_name]
-    rebound = []
-    for position, binding in enumerate(func.body.blocks[0].bindings):
-        value = binding.value
-        if isinstance(value, relax.Call) and value.op.same_as(CALL_TIR):
-            callee = mod[value.args[0]].with_attr(NODE_ATTR, position)  # defeats add_func dedup
-            gvar = builder.add_func(callee, f"k{position}_{value.args[0].name_hint}")
-            value = relax.Call(value.op, [gvar, *value.args[1:]], value.attrs, value.ty_args)
-        rebound.append(relax.VarBinding(binding.var, value))
-    body = relax.SeqExpr([relax.DataflowBlock(rebound)], func.body.body)
-    builder.update_func(mod.get_global_var(func_name),
-                        relax.Function(func.params, body, func.ret_ty, func.is_pure, func.attrs))
-    if keep_unread:  # Normalize fills in the rebound calls' types, as DCE does below
-        return relax.transform.Normalize()(_without_uncalled_functions(builder.get(), func_name))
-    return relax.transform.DeadCodeElimination([func_name])(builder.get())
-
-
-def _without_uncalled_functions(mod: tvm.IRModule, func_name: str) -> tvm.IRModule:
-    """`mod` keeping `func_name` and the functions reachable from it by calls."""
-    keep, frontier = set(), [mod.get_global_var(func_name)]
-    while frontier:
-        gvar = frontier.pop()
-        if gvar.name_hint in keep:
-            continue
-        keep.add(gvar.name_hint)
-        if isinstance(mod[gvar], relax.Function):
-            frontier += list(relax.analysis.all_global_vars(mod[gvar]))
-    return tvm.IRModule({gv: f for gv, f in mod.functions_items() if gv.name_hint in keep},
-                        attrs=mod.attrs)
 
 
 def _tensor_types(ty) -> list:

@@ -36,19 +36,7 @@ def build_partition_module(graph: PrimitiveGraph, groups: Sequence[Iterable[int]
         for position in exported:
             source.setdefault(position, g)
     aliases = _aliases(block, members, source)
-    for group_inputs in inputs:
-        for leaf in group_inputs:
-            position = block.position_of.get(leaf)
-            if position in block.node_positions and position not in source:
-                owner = next((h for h, m in enumerate(members) if position in m), None)
-                if owner is None:
-                    raise ValueError(f"{leaf.name} is read but no group computes it or an "
-                                     "equal tensor")
-                exports[owner] = sorted(exports[owner] + [position])
-                source[position] = owner
-    for position in range(len(block.bindings)):  # escaping values need a source too
-        if block.escapes[position] and position in block.node_positions:
-            assert position in source, "an escaping value has no exporting group"
+    _export_what_is_read(block, members, inputs, exports, source)
     order = _unit_order(block, members, inputs, source)
 
     module_builder = relax.BlockBuilder(graph.legalized)
@@ -77,6 +65,24 @@ def build_partition_module(graph: PrimitiveGraph, groups: Sequence[Iterable[int]
     fused = relax.transform.FuseTIR()(module_builder.get())
     fused = mark_layout_free_weights(fused)  # as candidate_kernel does: the same keys
     return relax.transform.DeadCodeElimination([graph.func_name])(fused)
+
+
+def _export_what_is_read(block: BindingBlock, members, inputs, exports, source: dict) -> None:
+    """Make the first group holding a value another group reads export it (in place: `exports`,
+    `source`); a value no group computes, nor an equal tensor, is refused."""
+    for group_inputs in inputs:
+        for leaf in group_inputs:
+            position = block.position_of.get(leaf)
+            if position in block.node_positions and position not in source:
+                owner = next((h for h, m in enumerate(members) if position in m), None)
+                if owner is None:
+                    raise ValueError(f"{leaf.name} is read but no group computes it or an "
+                                     "equal tensor")
+                exports[owner] = sorted(exports[owner] + [position])
+                source[position] = owner
+    for position in range(len(block.bindings)):  # escaping values need a source too
+        if block.escapes[position] and position in block.node_positions:
+            assert position in source, "an escaping value has no exporting group"
 
 
 def _aliases(block: BindingBlock, members, source: dict) -> dict[int, int]:
