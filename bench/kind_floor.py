@@ -176,23 +176,32 @@ def describe(kernel_mod) -> str:
 
 
 # ----------------------------------------------------------------------------- timing
-def timer(module, target):
-    """A callable returning one sample (seconds per call) of `module` built as the profiler
-    builds it (the weight repacking left out), on seeded inputs (integer inputs: zeros)."""
+def seeded_arguments(module, seed: int, device) -> list:
+    """Arguments for `module["main"]`, output buffers included: standard-normal floats,
+    integers zero (an index must stay in range), from `seed`."""
     import numpy as np
     import tvm
-    from tvm.s_tir.transform import RemoveWeightLayoutRewriteBlock
 
-    module = RemoveWeightLayoutRewriteBlock(skip_tensor_rewrite=True)(module)
-    library = tvm.compile(module, target=target)
-    device = tvm.cpu()
-    rng = np.random.default_rng(0)
+    rng = np.random.default_rng(seed)
     args = []
     for param in module["main"].params:
         shape, dtype = [int(d) for d in param.ty.shape], str(param.ty.dtype)
         data = (rng.standard_normal(shape) if dtype.startswith("float")
                 else np.zeros(shape)).astype(dtype)
         args.append(tvm.runtime.tensor(data, device))
+    return args
+
+
+def timer(module, target):
+    """A callable returning one sample (seconds per call) of `module` built as the profiler
+    builds it (the weight repacking left out), on seeded inputs (integer inputs: zeros)."""
+    import tvm
+    from tvm.s_tir.transform import RemoveWeightLayoutRewriteBlock
+
+    module = RemoveWeightLayoutRewriteBlock(skip_tensor_rewrite=True)(module)
+    library = tvm.compile(module, target=target)
+    device = tvm.cpu()
+    args = seeded_arguments(module, seed=0, device=device)
     evaluate = library.mod.time_evaluator("main", device, number=1, repeat=1, min_repeat_ms=20)
     return lambda: evaluate(*args).mean
 
@@ -238,13 +247,7 @@ def check_numerics(kernel_mod, schedule, target) -> float:
     outputs = []
     for module in (kernel_mod, schedule.mod):  # the repacking stays in: same parameters
         library = tvm.compile(module, target=target)
-        rng = np.random.default_rng(1)
-        args = []
-        for param in module["main"].params:
-            shape, dtype = [int(d) for d in param.ty.shape], str(param.ty.dtype)
-            data = (rng.standard_normal(shape) if dtype.startswith("float")
-                    else np.zeros(shape)).astype(dtype)
-            args.append(tvm.runtime.tensor(data, tvm.cpu()))
+        args = seeded_arguments(module, seed=1, device=tvm.cpu())
         library["main"](*args)
         outputs.append(args[-1].numpy().astype("float64"))
     return float(np.max(np.abs(outputs[1] - outputs[0]) / (1 + np.abs(outputs[0]))))
