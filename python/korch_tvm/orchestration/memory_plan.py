@@ -119,6 +119,8 @@ class StorageModel:
     graph_outputs: frozenset[int]
     steps: tuple[Step, ...]  # per candidate
     kernel_modules: Mapping[str, tvm.IRModule] = field(default_factory=dict, compare=False)
+    # workspace bytes by kernel key, asked for on every storage check of the memory loop
+    workspaces: KeyedMemo[int] = field(default_factory=KeyedMemo, compare=False, repr=False)
 
     @staticmethod
     def of(graph, candidates, kernel_keys, kernel_modules) -> StorageModel | None:
@@ -175,7 +177,7 @@ class StorageModel:
             return step.workspace
         if step.kernel is None or step.kernel not in self.kernel_modules:
             return 0
-        return _WORKSPACES.get(step.kernel, lambda: kernel_workspace_bytes(
+        return self.workspaces.get(step.kernel, lambda: kernel_workspace_bytes(
             self.kernel_modules[step.kernel]["main"]))
 
     def report(self, subproblems, plans: Sequence[Plan]) -> dict:
@@ -279,10 +281,6 @@ class StorageModel:
                          "primitives runs its stock plan (%.3f ms modelled given up)", stock / 1e6,
                         len(subproblems[piece].piece), lost * 1e3)
         return plans
-
-
-# Workspace bytes by kernel key.
-_WORKSPACES: KeyedMemo[int] = KeyedMemo()
 
 
 def kernel_workspace_bytes(func: tvm.tirx.PrimFunc) -> int:
