@@ -16,14 +16,14 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Iterable, Sequence
+from typing import Sequence
 
 import tvm
 import tvm_ffi
 from tvm import relax
 
 from ..graph.primitive_graph import PrimitiveGraph
-from ..graph.relax_exprs import leaves, remap
+from ..graph.relax_exprs import remap, vars_read
 from .alternative import Alternative
 from .rules import ALL_RULES, find_alternatives
 
@@ -50,19 +50,32 @@ class Offered:
 
 
 def offer_alternatives(mod: tvm.IRModule, alternatives: Sequence[Alternative],
-                       func_name: str = "main") -> Offered:
-    """`mod` with each alternative's body inlined at the end of `func_name`'s dataflow block."""
+                       func_name: str = "main", *, skip_broken: bool = False) -> Offered:
+    """`mod` with each alternative's body inlined at the end of `func_name`'s dataflow block.
+
+    An alternative that breaks alternative.py's contract (a rule's bug) raises ValueError, or
+    with `skip_broken` is left out with a warning, so the compile goes on with the original
+    program there."""
     if not alternatives:
         return Offered(mod, ())
     func = mod[func_name]
     (block,) = func.body.blocks
     defined = {b.var for b in block.bindings} | set(func.params)
+    binding_of = {b.var: b for b in block.bindings}
     bindings, sites = list(block.bindings), []
-    for number, alternative in enumerate(alternatives):
-        _check_alternative(alternative, defined, {b.var: b for b in block.bindings})
-        new_bindings, site = _inlined(alternative, number)
+    for alternative in alternatives:
+        try:
+            _check_alternative(alternative, defined, binding_of)
+            new_bindings, site = _inlined(alternative, len(sites))
+        except ValueError as error:
+            if not skip_broken:
+                raise
+            logger.warning("%s; not offered", error)
+            continue
         bindings += new_bindings
         sites.append(site)
+    if not sites:
+        return Offered(mod, ())
     body = relax.SeqExpr([relax.DataflowBlock(bindings)], func.body.body)
     builder = relax.BlockBuilder(mod)
     builder.update_func(mod.get_global_var(func_name), relax.Function(
@@ -143,8 +156,7 @@ def _inlined(alternative: Alternative, number: int) -> tuple[list, OfferedSite]:
 
 
 def _read_vars(body: relax.Function) -> set:
-    return {leaf for blk in body.body.blocks for b in blk.bindings for leaf in leaves(b.value)
-            if isinstance(leaf, relax.Var)}
+    return {var for blk in body.body.blocks for b in blk.bindings for var in vars_read(b.value)}
 
 
 def _weights_folded(body: relax.Function) -> relax.Function:
@@ -165,24 +177,6 @@ def graph_with_alternatives(lowered: tvm.IRModule, substitutions: str = "on", *,
     the originals (graph/alternatives.py); exactly `PrimitiveGraph.from_module(lowered)` when
     none is found."""
     alternatives = find_alternatives(lowered["main"], substitution_rules(substitutions))
-    offered = offer_alternatives(lowered, _keeping_the_contract(lowered["main"], alternatives))
+    offered = offer_alternatives(lowered, alternatives, skip_broken=True)
     return PrimitiveGraph.from_module(offered.module, fast_math=fast_math,
                                       offered_sites=offered.sites)
-
-
-def _keeping_the_contract(main: relax.Function, alternatives: Sequence[Alternative]) -> list:
-    """The alternatives that keep alternative.py's contract; one that does not (a rule's bug)
-    is left out with a warning, so the compile goes on with the original program there."""
-    (block,) = main.body.blocks
-    defined = {b.var for b in block.bindings} | set(main.params)
-    binding_of = {b.var: b for b in block.bindings}
-    kept = []
-    for alternative in alternatives:
-        try:
-            _check_alternative(alternative, defined, binding_of)
-            _inlined(alternative, 0)
-        except ValueError as error:
-            logger.warning("%s; not offered", error)
-            continue
-        kept.append(alternative)
-    return kept
