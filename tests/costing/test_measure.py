@@ -397,3 +397,22 @@ def test_an_implausible_logged_time_is_measured_again_before_it_is_used(tmp_path
                              trace=log.best_record(kernel).trace)
     slow = profile_kernels({"add": kernel}, TARGET, confirmed, trials=0, progress=False)["add"]
     assert slow.source == "log" and slow.seconds == pytest.approx(real.seconds * 1000)
+
+
+def test_a_fresh_measurement_judged_implausible_is_measured_again_at_once(tmp_path, monkeypatch):
+    """A first measurement that looks stalled is re-measured by the same compile, so the next
+    compile of the kernel measures nothing (CI once saw a 16x16 kernel logged at 1000x its time,
+    and the second compile of a test then measured it again)."""
+    from korch_tvm.costing import measure
+
+    kernel = legalized_kernels(16)["add"]
+    judged = []  # the first judgement (of the fresh measurement) says "stalled"
+    monkeypatch.setattr(measure, "implausible",
+                        lambda *args: judged.append(args[2]) or len(judged) == 1)
+    log = TuningLog(tmp_path, TARGET)
+    cost = profile_kernels({"add": kernel}, TARGET, log, trials=0, progress=False)["add"]
+    assert cost.rechecked and cost.source == "measured" and math.isfinite(cost.seconds)
+    assert len(judged) == 1
+    again = profile_kernels({"add": kernel}, TARGET, TuningLog(tmp_path, TARGET), trials=0,
+                            progress=False)["add"]
+    assert again.source == "log" and not again.rechecked and len(judged) == 2

@@ -268,6 +268,12 @@ def measure_kernels(kernels: Mapping[str, tvm.IRModule], target, tuning_log: Tun
             costs.update(measure_and_commit(list(rechecks) + pending, kernels, target,
                                             tuning_log, measuring, runner, deadline, bar,
                                             rechecks, seed_log))
+            stalled = _implausible_now(pending, costs, kernels, tuning_log, target, predict)
+            if stalled:  # measured again at once, so no stalled first run enters the log alone
+                bar.total += len(stalled)
+                costs.update(measure_and_commit(list(stalled), kernels, target, tuning_log,
+                                                measuring, runner, deadline, bar, stalled,
+                                                seed_log))
     for name, best in rechecks.items():  # not measured again (no device, no time): as logged
         costs.setdefault(name, KernelCost(best, "log", 0))
     leftovers = [name for name in pending if name not in costs]
@@ -302,6 +308,16 @@ def _from_log(distinct, kernels, tuning_log: TuningLog, target, predict):
             error = None if math.isfinite(best) else "every logged measurement failed"
             costs[name] = KernelCost(best, "log", 0, error)
     return costs, pending, rechecks
+
+
+def _implausible_now(names, costs, kernels, tuning_log: TuningLog, target,
+                     predict) -> dict[str, float]:
+    """{kernel of `names` measured just now whose time is implausible (a stalled run): that
+    time}. Checked at once rather than by the next compile, which would otherwise measure it
+    again and make a warm compile's work depend on this one's luck."""
+    return {name: costs[name].seconds for name in names
+            if name in costs and costs[name].source == "measured"
+            and implausible(tuning_log, kernels[name], costs[name].seconds, target, predict)}
 
 
 class _Lazy:
