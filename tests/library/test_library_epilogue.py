@@ -148,7 +148,7 @@ def test_operands_that_do_not_fit_are_refused_before_c_is_written(blas_extension
     c = tensor(np.zeros((4, 3), "float32"))
     for steps, operands, message in [
             ("bias_n", [np.ones(4, "float32")], "bias_n must have N elements"),
-            ("bias_m", [np.ones((4,), "float32")], r"bias_m must have M elements"),
+            ("bias_m", [np.ones((3, 1), "float32")], r"bias_m must have M elements"),
             ("residual", [np.ones((3, 4), "float32")], "residual must have C's shape"),
             ("bias_n", [], "'bias_n' has no operand"),
             ("relu", [np.ones(3, "float32")], "1 epilogue operand"),

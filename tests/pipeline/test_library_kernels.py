@@ -140,3 +140,48 @@ def test_a_library_cost_calibrates_no_tvm_kernel():
     assert apart["gemm"] == {("library", "gemm")}
     assert {key: apart[key] for key in ("gemm_add", "fused_tvm", "add")} == \
         {"gemm_add": {3}, "fused_tvm": {3}, "add": {"memory-bound"}}
+
+
+CONV_KEYS = [f"openblas.sconv2d{steps} layout=nchw n=1 c=8 h=12 w=12 k=16 r=3 s=3 p=12 q=12 "
+             "stride=1,1 pad=1,1 dilation=1,1 groups=1" for steps in ("", "+bias_m", "+bias_m+relu")]
+
+
+def conv_model():
+    """y = relu(conv3x3(x, W, b)): a convolution whose bias and activation the call applies."""
+    rng = np.random.default_rng(1)
+    weights = [numpy_helper.from_array(rng.standard_normal((16, 8, 3, 3)).astype("float32"), "W"),
+               numpy_helper.from_array(rng.standard_normal(16).astype("float32"), "b")]
+    nodes = [helper.make_node("Conv", ["x", "W", "b"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c"], ["y"])]
+    graph = helper.make_graph(
+        nodes, "conv", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 12, 12])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 16, 12, 12])],
+        initializer=weights)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    return model
+
+
+def test_a_cheaper_library_convolution_is_chosen_verified_and_runs_exported(
+        blas_extension, tmp_path):
+    import onnxruntime
+
+    logs = tmp_path / "logs"
+    record_times(logs, {key: 1e-7 for key in CONV_KEYS})
+    config = KorchConfig(tuning_logs=str(logs), library="auto", memory_limit="none")
+    executable, report = compile_model(conv_model(), korch=True, config=config)
+    assert implementations(report) == ["openblas.sconv2d+bias_m+relu"]  # bias, relu inside
+    assert report["library_calls"] == ["korch_tvm.blas.sconv2d"]
+    assert report["verification"]["passed"]
+    assert report["verification"]["max_rel_error"] <= 1e-5
+    executable.export_library(str(tmp_path / "model.so"))
+    x = np.random.default_rng(4).standard_normal((1, 8, 12, 12)).astype("float32")
+    np.save(tmp_path / "x.npy", x)
+    done = subprocess.run([sys.executable, "-c", FRESH_RUN, str(tmp_path)], capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    session = onnxruntime.InferenceSession(conv_model().SerializeToString(),
+                                           providers=["CPUExecutionProvider"])
+    np.testing.assert_allclose(np.load(tmp_path / "y.npy"), session.run(None, {"x": x})[0],
+                               rtol=1e-4, atol=1e-4)

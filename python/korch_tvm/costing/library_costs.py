@@ -1,11 +1,13 @@
-"""Library implementations as costs: a GEMM kernel costs the cheaper of TVM's and the BLAS's time.
+"""Library implementations as costs: a GEMM or convolution kernel costs the cheaper of TVM's and
+the BLAS's time.
 
-A kernel that `library.implementations_for` can compute with a vendor call (an OpenBLAS GEMM or
-batched GEMM, with the kernel's bias / residual / activation epilogue inside the call) is timed
+A kernel that `library.implementations_for` can compute with a vendor call (an OpenBLAS GEMM,
+batched GEMM or im2col convolution, with the kernel's bias / residual / activation epilogue
+inside the call) is timed
 once in that form, and its cost becomes the lower of the two
 (`kernel_costs.cheaper_of`), so the solver weighs "library GEMM plus a separate epilogue
 kernel" against "TVM kernel with the epilogue fused". Library times are measured once per
-implementation and GEMM shape and kept in `library_times.json` beside the tuning log, so a
+implementation and shape and kept in `library_times.json` beside the tuning log, so a
 second compile measures nothing and chooses the same plan. The file is data from outside:
 every entry is checked on reading (a known implementation, a well-formed shape, a finite
 positive time) and one that is not is refused with a warning and measured again.
@@ -33,11 +35,20 @@ logger = logging.getLogger("korch_tvm.library_costs")
 
 LIBRARY_TIMES_FILE = "library_times.json"
 FORMAT_VERSION = 1
-KNOWN_IMPLEMENTATIONS = ("openblas.sgemm", "openblas.sbgemm", "cublas.sgemm", "cublas.sbgemm")
-# A GEMM call: implementation, then every GemmSpec field its time depends on.
-# The name is the routine, then "+<step>" per epilogue step (library/epilogue_match.py).
-_ENTRY = re.compile(r"(?P<name>[a-z]+\.[a-z]+)(?P<steps>(?:\+[a-z0-9_.:e-]{1,40}){0,8}) "
-                    r"batch=\d{1,10} m=\d{1,10} n=\d{1,10} k=\d{1,10} ta=[01] tb=[01] ab=[01] bb=[01]")
+KNOWN_IMPLEMENTATIONS = ("openblas.sgemm", "openblas.sbgemm", "openblas.sconv2d", "cublas.sgemm",
+                         "cublas.sbgemm")
+# A library call: implementation, then every spec field its time depends on (GemmSpec.key,
+# ConvSpec.key). The name is the routine, then "+<step>" per epilogue step
+# (library/epilogue_match.py).
+_NUMBER = r"\d{1,10}"
+_PAIR = rf"{_NUMBER},{_NUMBER}"
+_GEMM_FIELDS = (rf"batch={_NUMBER} m={_NUMBER} n={_NUMBER} k={_NUMBER} ta=[01] tb=[01] ab=[01] "
+                r"bb=[01]")
+_CONV_FIELDS = (rf"layout=(nchw|nhwc) n={_NUMBER} c={_NUMBER} h={_NUMBER} w={_NUMBER} "
+                rf"k={_NUMBER} r={_NUMBER} s={_NUMBER} p={_NUMBER} q={_NUMBER} stride={_PAIR} "
+                rf"pad={_PAIR} dilation={_PAIR} groups={_NUMBER}")
+_ENTRY = re.compile(r"(?P<name>[a-z]+\.[a-z0-9]+)(?P<steps>(?:\+[a-z0-9_.:e-]{1,40}){0,8}) "
+                    rf"(?:{_GEMM_FIELDS}|{_CONV_FIELDS})")
 _STEPS = ("bias_n", "bias_m", "residual", "relu", "gelu_erf", "gelu_tanh", "sigmoid", "silu",
           "hardswish")
 _MAX_SECONDS = 3600.0
@@ -52,11 +63,8 @@ SETTLE_SECONDS = 0.3
 
 
 def entry_key(implementation: Implementation) -> str:
-    """The file's key of one library call: its name and the shape of its GEMM."""
-    spec = implementation.spec
-    return (f"{implementation.name} batch={spec.batch} m={spec.m} n={spec.n} k={spec.k} "
-            f"ta={int(spec.transpose_a)} tb={int(spec.transpose_b)} "
-            f"ab={int(spec.a_batched)} bb={int(spec.b_batched)}")
+    """The file's key of one library call: its name and the shape of what it computes."""
+    return f"{implementation.name} {implementation.spec.key()}"
 
 
 def entry_problem(key, seconds) -> str | None:

@@ -1,4 +1,5 @@
-"""Vendor-library kernels (OpenBLAS GEMM on CPU; cuBLAS behind a build flag) as candidates.
+"""Vendor-library kernels (OpenBLAS GEMM and im2col convolution on CPU; cuBLAS behind a build
+flag) as candidates.
 
 `implementations_for(kernel_mod)` says which library calls compute a kernel; an
 `Implementation` times itself (`measure()`) and emits its Relax call (`call(...)`);
@@ -11,13 +12,14 @@ without it `implementations_for` returns nothing and the rest of korch_tvm is un
 from .compile_extension import LibraryBuildError, build_blas_extension, library_dir
 from .export import LibraryExecutable, export_library, library_calls, self_contained
 from .extension import load_blas_extension, load_cublas_extension, set_blas_threads
+from .conv_match import ConvSpec, match_conv
 from .gemm_match import GemmSpec, match_gemm
-from .implementations import Implementation, implementations_for, time_gemm
+from .implementations import Implementation, implementations_for, time_call
 from .use_library_gemm import UseLibraryGemm
 
 __all__ = [
-    "GemmSpec", "Implementation", "LibraryBuildError", "LibraryExecutable", "UseLibraryGemm",
-    "build_blas_extension", "export_library", "implementations_for", "library_calls",
-    "library_dir", "load_blas_extension", "load_cublas_extension", "match_gemm",
-    "self_contained", "set_blas_threads", "time_gemm",
+    "ConvSpec", "GemmSpec", "Implementation", "LibraryBuildError", "LibraryExecutable",
+    "UseLibraryGemm", "build_blas_extension", "export_library", "implementations_for", "library_calls",
+    "library_dir", "load_blas_extension", "load_cublas_extension", "match_conv",
+    "match_gemm", "self_contained", "set_blas_threads", "time_call",
 ]

@@ -9,8 +9,12 @@
 //   korch_tvm.blas.sbgemm(A, B, transa, transb, C)  the same per batch; C has rank r >= 3,
 //       A and B have rank r (same leading dims as C), or rank 2 or leading dims all 1 (one
 //       matrix shared by every batch: a dense layer's or a 1x1 NHWC convolution's weight).
-//   Either with an epilogue: (A, B, transa, transb, steps, operands.., C), steps a string such
-//       as "bias_n gelu_erf" applied to C in order (gemm_epilogue.h).
+//   korch_tvm.blas.sconv2d(X, W, nhwc, stride_h, stride_w, pad_top, pad_left, dil_h, dil_w,
+//       groups, Y)   a 2-D convolution as im2col + GEMM (conv_im2col.h has the layouts); its
+//       epilogue sees Y as the GEMM's C: [N*K, P*Q] rows in NCHW (bias_m per channel),
+//       [N*P*Q, K] in NHWC (bias_n per channel).
+//   Each with an epilogue: (.., steps, operands.., C), steps a string such as "bias_n gelu_erf"
+//       applied to C in order (gemm_epilogue.h).
 // op(X) is X, or X's last two axes swapped when its flag is nonzero. Every tensor must be a
 // compact row-major float32 tensor on the CPU (gemm_operands.h); anything else raises a
 // ValueError naming it.
@@ -27,6 +31,7 @@
 #include <string>
 #include <vector>
 
+#include "conv_im2col.h"
 #include "gemm_epilogue.h"
 #include "gemm_operands.h"
 
@@ -181,6 +186,108 @@ void GemmCall(tvm::ffi::PackedArgs args, bool batched) {
   ApplyEpilogue(steps, c, g);
 }
 
+// C[M,N] = A[M,K] B[K,N], row-major, with leading dimensions (a group's slice of W or Y).
+void GemmStrided(const float* a, int64_t lda, const float* b, int64_t ldb, float* c, int64_t ldc,
+                 int64_t m, int64_t n, int64_t k) {
+  scipy_cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(m),
+                    static_cast<int>(n), static_cast<int>(k), 1.0f, a, static_cast<int>(lda), b,
+                    static_cast<int>(ldb), 0.0f, c, static_cast<int>(ldc));
+}
+
+using korch_tvm::conv::ConvShape;
+
+struct Im2colJob {
+  const float* x;
+  float* col;
+  const ConvShape* shape;
+  int64_t image, group, rows;
+};
+
+int RunIm2col(int task_id, TVMParallelGroupEnv* penv, void* cdata) {
+  auto* job = static_cast<Im2colJob*>(cdata);
+  int64_t tasks = penv == nullptr ? 1 : std::max<int64_t>(1, penv->num_task);
+  int64_t per_task = (job->rows + tasks - 1) / tasks;
+  int64_t begin = std::min(job->rows, task_id * per_task);
+  int64_t end = std::min(job->rows, begin + per_task);
+  korch_tvm::conv::Im2colRows(job->x, job->col, *job->shape, job->image, job->group, begin, end);
+  return 0;
+}
+
+// The column matrix's storage, kept between calls (one per calling thread): a model's
+// convolutions reuse one buffer instead of allocating per call.
+constexpr int64_t kMaxColumnFloats = int64_t{1} << 30;  // 4 GiB
+
+float* ColumnBuffer(int64_t floats, const char* fn) {
+  thread_local std::vector<float> buffer;
+  if (floats > kMaxColumnFloats) {
+    TVM_FFI_THROW(ValueError) << fn << ": the im2col buffer would hold " << floats
+                              << " floats, over " << kMaxColumnFloats;
+  }
+  if (static_cast<int64_t>(buffer.size()) < floats) buffer.resize(floats);
+  return buffer.data();
+}
+
+// Y = conv(X, W) per image and group: the window columns (or X itself for a pointwise
+// convolution), then one GEMM into the group's rows (NCHW) or columns (NHWC) of Y.
+void RunConv(const float* x, const float* w, float* y, const ConvShape& s, const char* fn) {
+  int64_t kg = s.group_out(), window = s.window(), positions = s.positions();
+  bool direct = s.is_pointwise() && s.p == s.h && s.q == s.w;
+  float* col = direct ? nullptr : ColumnBuffer(window * positions, fn);
+  for (int64_t image = 0; image < s.n; ++image) {
+    for (int64_t g = 0; g < s.groups; ++g) {
+      const float* column = x + image * s.c * s.h * s.w;
+      if (!direct) {
+        Im2colJob job{x, col, &s, image, g, korch_tvm::conv::ColumnRows(s)};
+        if (window * positions < (1 << 14)) {
+          RunIm2col(0, nullptr, &job);
+        } else {
+          TVMBackendParallelLaunch(RunIm2col, &job, 0);
+        }
+        column = col;
+      }
+      if (s.nhwc) {
+        GemmStrided(column, window, w + g * kg, s.k, y + image * positions * s.k + g * kg, s.k,
+                    positions, kg, window);
+      } else {
+        GemmStrided(w + g * kg * window, window, column, positions,
+                    y + (image * s.k + g * kg) * positions, positions, kg, positions, window);
+      }
+    }
+  }
+}
+
+// sconv2d: (X, W, nhwc, stride_h, stride_w, pad_top, pad_left, dil_h, dil_w, groups, Y), or
+// with (steps, operands..) before Y. Every operand is checked before Y is written.
+void ConvCall(tvm::ffi::PackedArgs args) {
+  const char* fn = "korch_tvm.blas.sconv2d";
+  int count = args.size();
+  if (count < 11) {
+    TVM_FFI_THROW(TypeError) << fn << ": expects (X, W, nhwc, stride_h, stride_w, pad_top, "
+                             << "pad_left, dil_h, dil_w, groups[, steps, operands..], Y), got "
+                             << count << " arguments";
+  }
+  TensorView x = args[0].cast<TensorView>(), w = args[1].cast<TensorView>();
+  TensorView y = args[count - 1].cast<TensorView>();
+  bool nhwc = args[2].cast<int64_t>() != 0;
+  int64_t params[7];
+  for (int i = 0; i < 7; ++i) params[i] = args[3 + i].cast<int64_t>();
+  ConfigureThreads();
+  ConvShape s = korch_tvm::conv::CheckConv(x, w, y, nhwc, params, fn);
+  // The epilogue's view of Y: one GEMM output of N*K rows of P*Q (NCHW) or N*P*Q rows of K.
+  GemmShape as_gemm = nhwc ? GemmShape{s.positions(), s.k, s.window()}
+                           : GemmShape{s.k, s.positions(), s.window()};
+  CheckedGemm g{as_gemm, false, false, s.n};
+  std::vector<EpilogueStep> steps;
+  if (count > 11) {
+    std::vector<TensorView> operands;
+    for (int i = 11; i + 1 < count; ++i) operands.push_back(args[i].cast<TensorView>());
+    std::string text = args[10].cast<tvm::ffi::String>();
+    steps = korch_tvm::gemm::ParseEpilogue(text, operands, y, as_gemm, fn);
+  }
+  RunConv(DataOf(x), DataOf(w), DataOf(y), s, fn);
+  ApplyEpilogue(steps, y, g);
+}
+
 // At most the TVM pool's size (see RunOnTvmPool); returns the count the BLAS now uses.
 int64_t SetThreads(int64_t n) {
   if (n < 1 || n > 4096) {
@@ -204,6 +311,10 @@ TVM_FFI_STATIC_INIT_BLOCK() {
   Function::SetGlobal("korch_tvm.blas.sbgemm", Function::FromPacked([](tvm::ffi::PackedArgs args,
                                                                        tvm::ffi::Any*) {
                         GemmCall(args, true);
+                      }), true);
+  Function::SetGlobal("korch_tvm.blas.sconv2d", Function::FromPacked([](tvm::ffi::PackedArgs args,
+                                                                        tvm::ffi::Any*) {
+                        ConvCall(args);
                       }), true);
   Function::SetGlobal("korch_tvm.blas.set_num_threads", Function::FromTyped(SetThreads), true);
   Function::SetGlobal("korch_tvm.blas.num_threads", Function::FromTyped(GetThreads), true);

@@ -20,7 +20,7 @@ from pathlib import Path
 SOURCE_DIR = Path(__file__).resolve().parent
 BLAS_SOURCE = SOURCE_DIR / "blas_ext.cc"
 # The headers the extensions include (operand checks, the epilogue), hashed with each source.
-HEADERS = ("gemm_operands.h", "gemm_epilogue.h")
+HEADERS = ("gemm_operands.h", "gemm_epilogue.h", "conv_im2col.h")
 _COMPILE_TIMEOUT_S = 600
 
 

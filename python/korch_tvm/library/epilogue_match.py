@@ -70,11 +70,14 @@ class EpilogueMatcher:
     """Reads an output block's expression as steps over the load of the GEMM's result
     (`acc_buffer`) at the block's own iteration variables `index_vars` (..., i, j). `inputs`
     are the kernel's input buffers by position (bias and residual operands are among them);
-    `c_shape` the GEMM's output shape."""
+    `c_shape` the GEMM's output shape; `bias_axes` which bias steps may occur and the axis of
+    C each runs along (a convolution's per-channel bias: bias_m along NCHW's channel axis, -3)."""
 
-    def __init__(self, acc_buffer, index_vars, inputs, c_shape):
+    def __init__(self, acc_buffer, index_vars, inputs, c_shape,
+                 bias_axes: tuple[tuple[str, int], ...] = (("bias_n", -1), ("bias_m", -2))):
         self.acc_buffer, self.index_vars = acc_buffer, list(index_vars)
         self.inputs, self.c_shape = list(inputs), tuple(c_shape)
+        self.bias_axes = bias_axes
         self._contains: dict[int, bool] = {}
 
     def steps(self, value) -> tuple[EpilogueStep, ...] | None:
@@ -116,20 +119,25 @@ class EpilogueMatcher:
             return None
         shape = tuple(_as_int(s) for s in expr.source.shape)
         indices = list(expr.indices)
-        i_var, j_var = self.index_vars[-2], self.index_vars[-1]
         if (len(indices) == len(self.index_vars) and shape == self.c_shape
                 and all(a.same_as(b) for a, b in zip(indices, self.index_vars))):
             return EpilogueStep("residual", found[0], shape)
-        for kind, var, axis in (("bias_n", j_var, -1), ("bias_m", i_var, -2)):
+        for kind, axis in self.bias_axes:
+            var = self.index_vars[axis]
             if len(indices) < -axis or len(indices) > len(self.index_vars):
                 continue
             others = [index for k, index in enumerate(indices) if k != len(indices) + axis]
             along = self.c_shape[axis]
             if (indices[axis].same_as(var) and shape[axis] == along
-                    and all(_as_int(index) == 0 for index in others)
+                    and all(self._is_zero(index) for index in others)
                     and math.prod(shape) == along):
                 return EpilogueStep(kind, found[0], shape)
         return None
+
+    def _is_zero(self, index) -> bool:
+        """0, or one of C's indices whose extent is 1 (a batch of one: `b[v_n, v_k, 0, 0]`)."""
+        return _as_int(index) == 0 or any(
+            index.same_as(var) and size == 1 for var, size in zip(self.index_vars, self.c_shape))
 
     def _arguments(self, value):
         """Subexpressions of `value` an activation could be applied to: those holding the

@@ -132,14 +132,15 @@ inline const float* StepOperand(const TensorView& t, StepKind kind, const Tensor
     ok = r == c.ndim();
     for (int i = 0; ok && i < r; ++i) ok = t.size(i) == c.size(i);
   } else {
+    // Any shape of that many elements: [.., 1, N] and [.., M, 1] after a GEMM, a convolution's
+    // [1, K, 1, 1] or [1, 1, 1, K] per-channel bias.
     int64_t along = kind == StepKind::kBiasN ? s.n : s.m;
-    int axis = kind == StepKind::kBiasN ? r - 1 : r - 2;  // bias_m: [.., M, 1]
-    ok = axis >= 0 && t.size(axis) == along && t.numel() == along && r <= c.ndim();
+    ok = t.numel() == along && r <= c.ndim();
   }
   if (!ok) {
     const char* what = kind == StepKind::kResidual ? "residual must have C's shape"
-                       : kind == StepKind::kBiasN  ? "bias_n must have N elements along its last axis"
-                                                   : "bias_m must have M elements, shape [.., M, 1]";
+                       : kind == StepKind::kBiasN  ? "bias_n must have N elements"
+                                                   : "bias_m must have M elements";
     TVM_FFI_THROW(ValueError) << fn << ": " << what;
   }
   return DataOf(t);

@@ -69,6 +69,30 @@ class GemmSpec:
     def flops(self) -> float:
         return 2.0 * self.batch * self.m * self.n * self.k
 
+    # What implementations.Implementation asks of a spec (conv_match.ConvSpec answers too).
+    @property
+    def routine(self) -> str:
+        return "sbgemm" if self.batch_shape else "sgemm"
+
+    @property
+    def main_inputs(self) -> tuple[int, int]:
+        return self.a_input, self.b_input
+
+    def scalar_arguments(self) -> tuple[int, ...]:
+        return int(self.transpose_a), int(self.transpose_b)
+
+    def input_shapes(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        return self.a_shape(), self.b_shape()
+
+    def output_shape(self) -> tuple[int, ...]:
+        return self.c_shape()
+
+    def key(self) -> str:
+        """Every field the call's time depends on, for library_times.json."""
+        return (f"batch={self.batch} m={self.m} n={self.n} k={self.k} "
+                f"ta={int(self.transpose_a)} tb={int(self.transpose_b)} "
+                f"ab={int(self.a_batched)} bb={int(self.b_batched)}")
+
 
 def match_gemm(kernel_mod: tvm.IRModule) -> GemmSpec | None:
     """The GEMM (and epilogue) kernel_mod's `main` computes, or None when it is not one."""

@@ -1,9 +1,9 @@
 """Library implementations of a kernel: what the solver may choose instead of a TVM schedule.
 
 `implementations_for(kernel_mod)` lists the vendor calls that compute exactly what the kernel
-computes (today: one OpenBLAS GEMM or batched GEMM when the kernel is a float32 GEMM, with its
-epilogue of bias / residual adds and activations applied inside the call; cuBLAS for a plain
-GEMM).
+computes (today: one OpenBLAS GEMM or batched GEMM when the kernel is a float32 GEMM, or one
+im2col + GEMM call when it is a float32 2-D convolution, with its epilogue of bias / residual
+adds and activations applied inside the call; cuBLAS for a plain GEMM).
 Each `Implementation` times itself on this machine and emits the Relax call that replaces the
 kernel's `call_tir`, so costing and the plan rewrite meet through this one record.
 """
@@ -13,15 +13,20 @@ from __future__ import annotations
 import statistics
 import time
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Sequence, Union
 
 import numpy as np
 import tvm
 from tvm import relax
 
+from .conv_match import ConvSpec, match_conv
 from .extension import (BLAS_PREFIX, CUBLAS_PREFIX, load_blas_extension,
                         load_cublas_extension)
 from .gemm_match import GemmSpec, match_gemm
+
+# What a library call computes: its two main operands (`main_inputs`, `input_shapes()`), the
+# scalars after them (`scalar_arguments()`), its epilogue and its output (`output_shape()`).
+CallSpec = Union[GemmSpec, ConvSpec]
 
 
 @dataclass(frozen=True)
@@ -31,17 +36,17 @@ class Implementation:
 
     name: str
     function: str
-    spec: GemmSpec
+    spec: CallSpec
 
     def call(self, kernel_inputs: Sequence[relax.Expr], out_ty: relax.TensorType) -> relax.Call:
         """The `call_dps_packed` that replaces `call_tir(kernel, kernel_inputs, out_ty)`."""
         spec = self.spec
         operands = [step.input for step in spec.epilogue if step.input is not None]
-        wanted = len({spec.a_input, spec.b_input, *operands})
+        wanted = len({*spec.main_inputs, *operands})
         assert len(kernel_inputs) == wanted, \
-            f"this GEMM kernel takes {wanted} inputs, got {len(kernel_inputs)}"
-        args = [kernel_inputs[spec.a_input], kernel_inputs[spec.b_input],
-                relax.prim_value(int(spec.transpose_a)), relax.prim_value(int(spec.transpose_b))]
+            f"this kernel takes {wanted} inputs, got {len(kernel_inputs)}"
+        args = [kernel_inputs[n] for n in spec.main_inputs]
+        args += [relax.prim_value(value) for value in spec.scalar_arguments()]
         if spec.epilogue:
             args += [tvm.ir.StringImm(epilogue_text(spec))] + [kernel_inputs[n] for n in operands]
         return relax.op.call_dps_packed(self.function, relax.Tuple(args), out_ty)
@@ -50,7 +55,7 @@ class Implementation:
                 cold: bool = False) -> float:
         """Median seconds per call on this machine, the packed function timed directly
         (`cold`: each call timed alone after its operands were flushed from the CPU caches)."""
-        return time_gemm(self.function, self.spec, repeats, min_repeat_seconds, cold=cold)
+        return time_call(self.function, self.spec, repeats, min_repeat_seconds, cold=cold)
 
 
 def implementations_for(kernel_mod: tvm.IRModule, device: str = "cpu") -> list[Implementation]:
@@ -58,15 +63,16 @@ def implementations_for(kernel_mod: tvm.IRModule, device: str = "cpu") -> list[I
     "cuda": cuBLAS); empty when none applies or the extension is not built here."""
     assert device in ("cpu", "cuda"), f"unknown library device {device!r}"
     spec = match_gemm(kernel_mod)
+    if spec is None and device == "cpu":       # cuBLAS: GEMMs only
+        spec = match_conv(kernel_mod)
     if spec is None or (spec.epilogue and device != "cpu"):   # cuBLAS: plain GEMMs only
         return []
     loaded = load_blas_extension() if device == "cpu" else load_cublas_extension()
     if not loaded:
         return []
     vendor, prefix = ("openblas", BLAS_PREFIX) if device == "cpu" else ("cublas", CUBLAS_PREFIX)
-    routine = "sbgemm" if spec.batch_shape else "sgemm"
-    name = "+".join([f"{vendor}.{routine}"] + [step.token() for step in spec.epilogue])
-    return [Implementation(name, prefix + routine, spec)]
+    name = "+".join([f"{vendor}.{spec.routine}"] + [step.token() for step in spec.epilogue])
+    return [Implementation(name, prefix + spec.routine, spec)]
 
 
 def epilogue_text(spec: GemmSpec) -> str:
@@ -74,7 +80,7 @@ def epilogue_text(spec: GemmSpec) -> str:
     return " ".join(step.token() for step in spec.epilogue)
 
 
-def time_gemm(function_name: str, spec: GemmSpec, repeats: int = 7,
+def time_call(function_name: str, spec: CallSpec, repeats: int = 7,
               min_repeat_seconds: float = 2e-3, cold: bool = False) -> float:
     """Median seconds of one call over `repeats` timed runs, each of enough calls to last
     about min_repeat_seconds (the FFI call's microsecond overhead is included, as in the VM).
@@ -88,16 +94,16 @@ def time_gemm(function_name: str, spec: GemmSpec, repeats: int = 7,
     rng = np.random.default_rng(0)
     operand_shapes = [step.shape for step in spec.epilogue if step.input is not None]
     a, b, *operands = (tvm.runtime.tensor(rng.standard_normal(shape, dtype="float32"), device)
-                       for shape in [spec.a_shape(), spec.b_shape()] + operand_shapes)
-    c = tvm.runtime.tensor(np.empty(spec.c_shape(), dtype="float32"), device)
-    flags = (int(spec.transpose_a), int(spec.transpose_b))
+                       for shape in [*spec.input_shapes()] + operand_shapes)
+    c = tvm.runtime.tensor(np.empty(spec.output_shape(), dtype="float32"), device)
+    scalars = spec.scalar_arguments()
     epilogue = (epilogue_text(spec), *operands) if spec.epilogue else ()
 
     def run(number: int) -> float:
         device.sync()
         start = time.perf_counter()
         for _ in range(number):
-            function(a, b, *flags, *epilogue, c)
+            function(a, b, *scalars, *epilogue, c)
         device.sync()
         return (time.perf_counter() - start) / number
 

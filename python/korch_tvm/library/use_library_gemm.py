@@ -1,5 +1,6 @@
-"""Replace chosen GEMM kernels' `call_tir` by the BLAS extension's `call_dps_packed` (the kernel's
-epilogue, its bias / residual operands and activations, inside that call)."""
+"""Replace chosen GEMM and convolution kernels' `call_tir` by the BLAS extension's
+`call_dps_packed` (the kernel's epilogue, its bias / residual operands and activations, inside
+that call)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from typing import Collection
 import tvm
 from tvm import relax
 
+from .conv_match import match_conv
 from .gemm_match import match_gemm
 from .implementations import Implementation, implementations_for
 
@@ -16,8 +18,8 @@ CALL_TIR = tvm.ir.Op.get("relax.call_tir")
 
 @tvm.transform.module_pass(opt_level=0, name="UseLibraryGemm")
 class UseLibraryGemm:
-    """`kernels`: names of the PrimFuncs to replace (None: every one that is a GEMM, with or
-    without an epilogue the library applies);
+    """`kernels`: names of the PrimFuncs to replace (None: every one that is a GEMM or a
+    convolution, with or without an epilogue the library applies);
     `device`: whose library calls ("cpu": OpenBLAS, "cuda": cuBLAS).
 
     A named kernel that is not a GEMM, or an unavailable extension, is an error, not a silent
@@ -69,8 +71,10 @@ class _GemmRewriter(relax.PyExprMutator):
             if isinstance(kernel, tvm.tirx.PrimFunc) else []
         if found or self.kernels is None:
             return found[0] if found else None
-        spec = match_gemm(tvm.IRModule({"main": kernel}))
-        reason = ("is not a plain float32 GEMM (or one with a library epilogue)" if spec is None
+        module = tvm.IRModule({"main": kernel})
+        spec = match_gemm(module) or (match_conv(module) if self.device == "cpu" else None)
+        reason = ("is not a float32 GEMM or convolution the library computes (with its "
+                  "epilogue)" if spec is None
                   else "has an epilogue, which cuBLAS calls do not apply"
                   if spec.epilogue and self.device != "cpu"
                   else "has no library implementation here (extension not built)")
