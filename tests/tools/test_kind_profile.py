@@ -56,3 +56,15 @@ def test_ort_profile_by_kind_and_the_table():
     assert rows[0].split() == ["kind", "onnxruntime", "other"]
     assert any(row.split()[0] == "conv3x3" and row.split()[-2] == "1.000" for row in rows)
     assert rows[-1].split()[0] == "total" and "matmul" not in " ".join(rows)
+
+
+def test_library_calls_are_a_kind_of_their_own_not_memory():
+    from korch_tvm.tools.kind_profile import LIBRARY, _kernel_name, sum_by_kind
+
+    names = [_kernel_name(s) for s in ("korch_tvm.blas.sconv2d", "korch_tvm.cublas.sgemm",
+                                        "vm.builtin.alloc_tensor", "fused_add")]
+    assert names == [LIBRARY, LIBRARY, RUNTIME, "fused_add"]
+    totals = sum_by_kind({LIBRARY: 2.0, RUNTIME: 0.5, "fused_add": 0.25, "k1": 1.0},
+                         {"k1": "conv3x3"})
+    assert (totals[LIBRARY], totals[RUNTIME], totals["memory"], totals["conv3x3"]) == \
+        (2.0, 0.5, 0.25, 1.0)

@@ -18,7 +18,11 @@ from ..kernels.kinds import KINDS, ort_kind_times
 from ..kernels.weight_packing import original_kernel_name
 
 RUNTIME = "runtime"  # the VM's own builtins (allocation, shape checks, reshapes without copy)
-PROFILE_KINDS = KINDS + (RUNTIME,)
+# Vendor-library calls (korch_tvm.blas.*, korch_tvm.cublas.*): one packed function serves every
+# GEMM or convolution it replaced, so the VM's hook cannot tell their kinds apart.
+LIBRARY = "library"
+PROFILE_KINDS = KINDS + (LIBRARY, RUNTIME)
+_LIBRARY_PREFIXES = ("korch_tvm.blas.", "korch_tvm.cublas.")
 
 
 def _empty() -> dict[str, float]:
@@ -29,7 +33,7 @@ def tvm_kernel_times(vm, args, runs: int = 10, warmup: int = 2) -> dict[str, flo
     """Milliseconds per run of `vm["main"](*args)` spent in each called function, by name.
 
     Pre-packed kernels are reported under their original name; the VM's builtins are summed
-    under "runtime". Each call is timed from the instrument hook's before- to its after-callback,
+    under "runtime", library calls under "library". Each call is timed from the instrument hook's before- to its after-callback,
     a window that holds the return from one Python callback and the entry into the next: about
     half of the hook's cost per call, which is the instrumented runs' excess over as many plain
     runs divided by the calls. That half is taken off each call (never more than half its
@@ -83,13 +87,15 @@ def sum_by_kind(kernel_ms: Mapping[str, float], kernel_kinds: Mapping[str, str])
     kernel's kind (a function it does not name counts as memory-bound, the VM's as runtime)."""
     totals = _empty()
     for name, ms in kernel_ms.items():
-        totals[RUNTIME if name == RUNTIME else kernel_kinds.get(name, "memory")] += ms
+        totals[name if name in (RUNTIME, LIBRARY) else kernel_kinds.get(name, "memory")] += ms
     return totals
 
 
 def _kernel_name(symbol: str) -> str:
     if symbol.startswith("vm.builtin.") or symbol.startswith("vm."):
         return RUNTIME
+    if symbol.startswith(_LIBRARY_PREFIXES):
+        return LIBRARY
     return original_kernel_name(symbol)
 
 
