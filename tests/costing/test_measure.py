@@ -127,13 +127,18 @@ def test_zero_trials_measures_default_schedule_once(tmp_path, capsys):
     assert [c.source for c in costs.values()] == ["measured"] * 3
     assert all(c.trials == 1 and 0 < c.seconds < 1e-2 for c in costs.values())
     assert costs["add_again"] is costs["add"]
-    assert "kernels 2/2" in capsys.readouterr().err
+    # a first run that looked stalled is measured again at once (one more record and tick)
+    rechecked = sum(costs[name].rechecked for name in ("add", "matmul"))
+    assert f"kernels {2 + rechecked}/{2 + rechecked}" in capsys.readouterr().err
     # recorded as tuning records stock MetaSchedule can use: one per default schedule (these
     # small kernels have no variants), the fastest first
     stock = ms.database.JSONDatabase(work_dir=log.directory)
     schedules = sum(len(default_schedules(kernels[name], TARGET)) for name in ("add", "matmul"))
-    assert len(stock.get_all_tuning_records()) == schedules == 2
-    assert log.default_seconds(kernels["matmul"]) == pytest.approx(costs["matmul"].seconds)
+    assert schedules == 2
+    assert len(stock.get_all_tuning_records()) in (schedules + rechecked,  # both runs kept
+                                                   schedules)  # or the stalled one set aside
+    if not costs["matmul"].rechecked:
+        assert log.default_seconds(kernels["matmul"]) == pytest.approx(costs["matmul"].seconds)
     record = stock.query_tuning_record(kernels["matmul"], TARGET, "main")
     samples = [float(s) for s in record.run_secs]
     assert len(samples) == 3  # three cold calls, timed one by one
