@@ -421,3 +421,27 @@ def test_a_fresh_measurement_judged_implausible_is_measured_again_at_once(tmp_pa
     again = profile_kernels({"add": kernel}, TARGET, TuningLog(tmp_path, TARGET), trials=0,
                             progress=False)["add"]
     assert again.source == "log" and not again.rechecked and len(judged) == 2
+
+
+def test_kernels_are_measured_only_once_this_process_s_pool_is_idle(tmp_path, monkeypatch):
+    """Every runner batch first waits out the spin of this process's TVM threads."""
+    from korch_tvm.costing import default_measurement
+
+    events = []
+    monkeypatch.setattr(default_measurement, "wait_for_idle_pool",
+                        lambda: events.append("wait") or 0.0)
+
+    class Recording:
+        def __init__(self, runner):
+            self.runner = runner
+
+        def run(self, inputs):
+            events.append("run")
+            return self.runner.run(inputs)
+
+    from korch_tvm.costing.runners import local_runner
+
+    costs = profile_kernels(legalized_kernels(16), TARGET, TuningLog(tmp_path, TARGET), trials=0,
+                            runner=Recording(local_runner(TARGET)), progress=False)
+    assert all(cost.source == "measured" for cost in costs.values())
+    assert events.count("run") >= 1 and events == ["wait", "run"] * events.count("run")

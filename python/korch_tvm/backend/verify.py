@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from ..errors import KorchError
+from ..support.pool_spin import note_parallel_work
 
 # float32 kernels that reorder reductions (tiling, vectorised sums) differ from the reference
 # by ~1e-6 of the output's scale; 1e-4 leaves room for long reductions and still catches
@@ -76,6 +77,7 @@ def run_executable(executable, target, inputs: Sequence[np.ndarray]) -> list[np.
     device = device_for(target)
     vm = relax.VirtualMachine(executable, device)
     result = vm["main"](*[tvm.runtime.tensor(x, device) for x in inputs])
+    note_parallel_work()
     return _flatten(result)
 
 

@@ -18,6 +18,7 @@ import tvm
 from ..backend.cpu_schedule import default_schedules as cpu_default_schedules
 from ..errors import error_summary
 from ..support.interrupts import aborted, raise_if_stopped
+from ..support.pool_spin import wait_for_idle_pool
 from .kernel_costs import KernelCost
 from .runners import device_type, run_outcome
 from .log_files import RECORD_FILE
@@ -144,6 +145,8 @@ def _measure_schedules(names, schedules_of, commit, target, builder, runner, dea
                     result.artifact_path, device_type(target), args)))
         left = Counter(name for name, *_ in to_run)
         bar.tick(sum(1 for name in chunk if not left[name]), "measure")  # nothing to run
+        if to_run:
+            wait_for_idle_pool()  # this process's TVM threads would share the cores
         futures = runner.run([entry for *_, entry in to_run]) if to_run else []
         for (name, trace, role, _), future in zip(to_run, futures):
             outcomes[name].append((*run_outcome(name, future.result(), runner), trace, role))

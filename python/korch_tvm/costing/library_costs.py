@@ -28,6 +28,7 @@ import tvm
 from ..errors import KorchError
 from ..kernels.fused import structural_key
 from ..library import Implementation, implementations_for
+from ..support.pool_spin import note_parallel_work
 from ..support.safe_io import write_text_atomically
 from .kernel_costs import KernelCost, LibraryTime, cheaper_of
 
@@ -146,6 +147,7 @@ class LibraryTimes:
             time.sleep(SETTLE_SECONDS)
         cold = implementation.name.startswith("openblas")
         seconds = min(implementation.measure(cold=cold) for _ in range(MEASURE_ROUNDS))
+        note_parallel_work()  # the call ran on this process's TVM pool
         assert entry_problem(key, seconds) is None, f"{key}: measured {seconds!r}"
         self._times[key] = seconds
         self._measured_keys.add(key)

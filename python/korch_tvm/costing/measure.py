@@ -35,6 +35,7 @@ from ..config import trial_budget, tunes
 from ..errors import error_summary
 from ..kernels.fused import structurally_equal_groups
 from ..support.interrupts import raise_if_stopped, stopping_after_batch
+from ..support.pool_spin import wait_for_idle_pool
 from .default_measurement import FAILED_ATTEMPTS_KEPT, measure_and_commit, retry_failure
 from .default_measurement import default_schedules as _default_schedules  # noqa: F401 (tests)
 from .headroom import implausible
@@ -212,6 +213,7 @@ def _tune_group(names, kernels, target, tuning_log, builder, runner, per_task, s
                            num_threads=max(1, host_core_count()), logger=metaschedule_logger)
             for i, n in enumerate(batch)
         ]
+        wait_for_idle_pool()  # this process's TVM threads would share the runner's cores
         with tempfile.TemporaryDirectory(prefix="korch-tune-") as work_dir:
             ms.tune_tasks(
                 tasks=contexts, task_weights=[1.0] * len(batch),
