@@ -21,7 +21,8 @@ from tvm.sym import detect_linear_equation
 from tvm.sym.analyzer import Analyzer
 
 from .epilogue_match import EpilogueMatcher, EpilogueStep
-from .gemm_match import _as_int, _is_scheduled, _is_zero_init, _same_vars
+from .gemm_match import (_as_int, _is_zero_init, _same_vars, accumulated_product, float32_main,
+                         output_index_vars)
 
 _INT32_MAX = 2**31 - 1
 # The im2col matrix stays below this many floats (the extension refuses 2**30); a convolution
@@ -84,16 +85,11 @@ class ConvSpec:
 
 def match_conv(kernel_mod: tvm.IRModule) -> ConvSpec | None:
     """The convolution (and epilogue) kernel_mod's `main` computes, or None when it is not one."""
-    names = [gv.name_hint for gv in kernel_mod.get_global_vars()]
-    func = kernel_mod["main"] if "main" in names else None
-    if not isinstance(func, tirx.PrimFunc) or len(func.params) < 3 or _is_scheduled(func):
+    func = float32_main(kernel_mod)
+    pad_block, conv_block, output_block = (None, None, None) if func is None else \
+        (_blocks(kernel_mod) or (None, None, None))
+    if conv_block is None:
         return None
-    if any(str(p.dtype) != "float32" for p in func.params):
-        return None
-    blocks = _blocks(kernel_mod)
-    if blocks is None:
-        return None
-    pad_block, conv_block, output_block = blocks
     inputs, output = list(func.params[:-1]), func.params[-1]
     spec = _spec_of(conv_block, pad_block, inputs)
     if spec is None:
@@ -148,17 +144,12 @@ def _spec_of(block, pad_block, inputs) -> ConvSpec | None:
             or any(_as_int(iv.dom.min) != 0 for iv in block.iter_vars)
             or not _is_zero_init(block.init, store) or not _same_vars(store.indices, spatial)):
         return None
-    value = store.value
-    if not (isinstance(value, tirx.Add) and isinstance(value.a, tvm.ir.TensorLoad)
-            and value.a.source.same_as(store.buffer) and _same_vars(value.a.indices, spatial)
-            and isinstance(value.b, tirx.Mul)):
-        return None
-    for weight, data in ((value.b.b, value.b.a), (value.b.a, value.b.b)):
-        if isinstance(weight, tvm.ir.TensorLoad) and isinstance(data, tvm.ir.TensorLoad):
-            spec = _with_operands(weight, data, spatial, reduce, pad_block, inputs,
-                                  _shape(store.buffer))
-            if spec is not None:
-                return spec
+    loads = accumulated_product(store, spatial)
+    for weight, data in [] if loads is None else (loads[::-1], loads):
+        spec = _with_operands(weight, data, spatial, reduce, pad_block, inputs,
+                              _shape(store.buffer))
+        if spec is not None:
+            return spec
     return None
 
 
@@ -272,20 +263,13 @@ def _is_window(cond, iters, axis: int, shift: int, size: int, padded_shape) -> b
 
 
 def _epilogue_of(block, y_buffer, inputs, output, spec: ConvSpec):
-    """The output block's epilogue steps over Y (stored into `output` at its own indices)."""
-    store = block.body
+    """The output block's epilogue steps over Y, the bias along the channel axis."""
     y_shape = spec.output_shape()
-    if block.init is not None or not store.buffer.same_as(output):
-        return None
-    if any(iv.iter_type != tirx.IterVar.DataPar or _as_int(iv.dom.min) != 0
-           for iv in block.iter_vars):
-        return None
-    index_vars = [iv.var for iv in block.iter_vars]
-    if tuple(_as_int(iv.dom.extent) for iv in block.iter_vars) != y_shape \
-            or not _same_vars(store.indices, index_vars):
+    index_vars = output_index_vars(block, output, y_shape)
+    if index_vars is None:
         return None
     bias = (("bias_n", -1),) if spec.nhwc else (("bias_m", -3),)
-    return EpilogueMatcher(y_buffer, index_vars, inputs, y_shape, bias).steps(store.value)
+    return EpilogueMatcher(y_buffer, index_vars, inputs, y_shape, bias).steps(block.body.value)
 
 
 def _fits(spec: ConvSpec) -> bool:

@@ -96,11 +96,8 @@ class GemmSpec:
 
 def match_gemm(kernel_mod: tvm.IRModule) -> GemmSpec | None:
     """The GEMM (and epilogue) kernel_mod's `main` computes, or None when it is not one."""
-    names = [gv.name_hint for gv in kernel_mod.get_global_vars()]
-    func = kernel_mod["main"] if "main" in names else None
-    if not isinstance(func, tirx.PrimFunc) or len(func.params) < 3 or _is_scheduled(func):
-        return None
-    if any(str(p.dtype) != "float32" for p in func.params):
+    func = float32_main(kernel_mod)
+    if func is None:
         return None
     blocks = _gemm_and_output_blocks(kernel_mod)
     if blocks is None:
@@ -130,9 +127,19 @@ def match_gemm(kernel_mod: tvm.IRModule) -> GemmSpec | None:
                        for n, shape in wanted.items()) else None
 
 
-def _epilogue_of(block, c_buffer, inputs, output, c_shape):
-    """The epilogue steps of the output block `block` (which must store into `output` at its
-    own indices, iterating over exactly C's shape), or None."""
+def float32_main(kernel_mod: tvm.IRModule):
+    """kernel_mod's `main` when it is an unscheduled PrimFunc of float32 buffers, at least two
+    inputs and an output (what a library call can replace); None otherwise."""
+    names = [gv.name_hint for gv in kernel_mod.get_global_vars()]
+    func = kernel_mod["main"] if "main" in names else None
+    if not isinstance(func, tirx.PrimFunc) or len(func.params) < 3 or _is_scheduled(func):
+        return None
+    return None if any(str(p.dtype) != "float32" for p in func.params) else func
+
+
+def output_index_vars(block, output, shape):
+    """The iteration variables of `block` when it is a plain elementwise store into `output` at
+    its own indices, iterating over exactly `shape` (the block an epilogue is read from)."""
     store = block.body
     if block.init is not None or not isinstance(store, tirx.BufferStore) \
             or not store.buffer.same_as(output):
@@ -141,10 +148,18 @@ def _epilogue_of(block, c_buffer, inputs, output, c_shape):
            for iv in block.iter_vars):
         return None
     index_vars = [iv.var for iv in block.iter_vars]
-    if tuple(_as_int(iv.dom.extent) for iv in block.iter_vars) != c_shape \
+    if tuple(_as_int(iv.dom.extent) for iv in block.iter_vars) != tuple(shape) \
             or not _same_vars(store.indices, index_vars):
         return None
-    return EpilogueMatcher(c_buffer, index_vars, inputs, c_shape).steps(store.value)
+    return index_vars
+
+
+def _epilogue_of(block, c_buffer, inputs, output, c_shape):
+    """The epilogue steps of the output block `block`, or None (see output_index_vars)."""
+    index_vars = output_index_vars(block, output, c_shape)
+    if index_vars is None:
+        return None
+    return EpilogueMatcher(c_buffer, index_vars, inputs, c_shape).steps(block.body.value)
 
 
 def _without_unit_lead(shape: tuple, rank: int) -> tuple:
@@ -203,13 +218,8 @@ def _spec_of_block(block, inputs, c_buffer) -> GemmSpec | None:
         return None
     if not _same_vars(store.indices, spatial) or not c_buffer.same_as(store.buffer):
         return None
-    value = store.value
-    if not (isinstance(value, tirx.Add) and isinstance(value.a, tvm.ir.TensorLoad)
-            and value.a.source.same_as(store.buffer) and _same_vars(value.a.indices, spatial)
-            and isinstance(value.b, tirx.Mul)):
-        return None
-    loads = [value.b.a, value.b.b]
-    if not all(isinstance(load, tvm.ir.TensorLoad) for load in loads):
+    loads = accumulated_product(store, spatial)
+    if loads is None:
         return None
     analyzer = Analyzer()
     for var in unit:
@@ -247,6 +257,17 @@ def _assign_operands(operands, spatial, k_var, inputs, block) -> GemmSpec | None
                     transpose_a=roles["A"][1], transpose_b=roles["B"][1],
                     a_batched=roles["A"][2], b_batched=roles["B"][2],
                     a_input=positions["A"], b_input=positions["B"])
+
+
+def accumulated_product(store, spatial):
+    """[A's load, B's load] when `store` is `C[spatial] = C[spatial] + A[..] * B[..]`."""
+    value = store.value
+    if not (isinstance(value, tirx.Add) and isinstance(value.a, tvm.ir.TensorLoad)
+            and value.a.source.same_as(store.buffer) and _same_vars(value.a.indices, spatial)
+            and isinstance(value.b, tirx.Mul)):
+        return None
+    loads = [value.b.a, value.b.b]
+    return loads if all(isinstance(load, tvm.ir.TensorLoad) for load in loads) else None
 
 
 def _operand_role(indices, batch_vars, i_var, j_var, k_var):
