@@ -105,3 +105,18 @@ def test_a_padding_condition_that_is_not_the_image_is_refused():
     y = te.compute((1, 5, 6, 6), lambda n, k, h, v: te.sum(
         wrong[n, rc, h + ry, v + rx] * w[k, rc, ry, rx], axis=[rc, ry, rx]), name="conv")
     assert match_conv(tvm.IRModule({"main": te.create_prim_func([x, w, y])})) is None
+
+
+def test_a_convolution_of_dynamic_size_is_left_to_tvm():
+    n = tvm.tirx.Var("n", "int64")
+    h = tvm.tirx.Var("h", "int64")
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((n, 4, h, 8), "float32"))
+    w = relax.Var("w", relax.TensorType((6, 4, 3, 3), "float32"))
+    with bb.function("main", [x, w]):
+        with bb.dataflow():
+            out = bb.emit_output(R.nn.conv2d(x, w, padding=1))
+        bb.emit_func_output(out)
+    mod = relax.transform.LegalizeOps()(bb.get())
+    convs = [k for k in kernels(mod) if "conv2d" in k["main"].script()]
+    assert convs and all(match_conv(k) is None for k in convs)

@@ -175,7 +175,8 @@ def _with_operands(weight, data, spatial, reduce, pad_block, inputs, y_shape):
     x_shape = _shape(inputs[x_input])
     batch, h, w, c = x_shape if nhwc else (x_shape[0], x_shape[2], x_shape[3], x_shape[1])
     y_n, p, q, y_k = y_shape if nhwc else (y_shape[0], y_shape[2], y_shape[3], y_shape[1])
-    if None in (k, cg, r, s, batch, h, w, c) or cg < 1 or c % cg or batch != y_n or k != y_k:
+    if None in (k, cg, r, s, batch, h, w, c, y_n, p, q, y_k) or cg < 1 or c % cg \
+            or batch != y_n or k != y_k:
         return None
     groups = c // cg
     if k % groups:
@@ -237,9 +238,11 @@ def _padded_source(pad_block, buffer, inputs, nhwc: bool):
     if any(shifts[axis] != 0 for axis in range(4) if axis not in spatial_axes) \
             or any(shifts[axis] < 0 for axis in spatial_axes):
         return None
-    x_shape = _shape(inputs[position])
+    x_shape, padded_shape = _shape(inputs[position]), _shape(buffer)
+    if None in x_shape or None in padded_shape:  # dynamic sizes: no fixed geometry to call
+        return None
     for axis in spatial_axes:
-        if not _is_window(cond, iters, axis, shifts[axis], x_shape[axis], _shape(buffer)):
+        if not _is_window(cond, iters, axis, shifts[axis], x_shape[axis], padded_shape):
             return None
     return position, shifts[spatial_axes[0]], shifts[spatial_axes[1]]
 
