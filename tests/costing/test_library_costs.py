@@ -238,3 +238,25 @@ def test_a_spent_time_budget_measures_no_library_call(blas_extension, tmp_path, 
     monkeypatch.setattr(session_module, "measure_kernels", lambda *a, **k: predicted)
     assert session.measure({"gemm": _gemm_module()}) == predicted
     assert session.library().times.measured == 0
+
+
+def test_a_matcher_that_raises_costs_the_kernel_its_library_form_not_the_compile(
+        tmp_path, monkeypatch, caplog):
+    import tvm
+    from tvm import te
+
+    from korch_tvm.costing import library_costs
+
+    def broken(kernel_mod, device):
+        raise TypeError("unsupported operand")
+
+    monkeypatch.setattr(library_costs, "implementations_for", broken)
+    a = te.placeholder((4,), name="a")
+    kernel = tvm.IRModule({"main": te.create_prim_func([a, te.compute((4,), lambda i: a[i])])})
+    library = library_costs.LibraryCosts(str(tmp_path))
+    with caplog.at_level(logging.WARNING, logger="korch_tvm.library_costs"):
+        assert library.implementation(kernel) is None
+        costs = library.cheaper({"k": kernel}, {"k": KernelCost(1e-3, "measured", 1)})
+    assert costs["k"] == KernelCost(1e-3, "measured", 1)
+    [line] = [r.getMessage() for r in caplog.records]  # once per kernel, not per question
+    assert "library matching failed (TypeError: unsupported operand)" in line
