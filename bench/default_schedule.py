@@ -1,12 +1,12 @@
-"""Time the CPU default schedule without register tiles, with them, and its two variants.
+"""Time the CPU default schedule without register tiles, with them, and its three variants.
 
     .venv/bin/python bench/default_schedule.py [--threads 2] [--out bench/results/default_schedule.txt]
 
 Each kernel (matmuls and convolutions of the shapes that dominate the suite models) is built
 from TOPI, scheduled by `korch_tvm.backend.cpu_schedule.default_schedule` with `register_tiles`
-off, on, and in the two variants the profiler also measures (`default_schedules`: up to
-`WIDE_TILE_ROWS` tile rows; the vector's outer loop outermost), checked equal, and timed with a
-warm cache (best of 3 x 3 calls). The figures quoted in backend/cpu_schedule.py come from this
+off, on, and in the three variants the profiler also measures (`default_schedules`: up to
+`WIDE_TILE_ROWS` tile rows; the vector's outer loop outermost; `PAIR_COLUMNS` vectors per tile
+row), checked equal, and timed with a warm cache (best of 3 x 3 calls). The figures quoted in backend/cpu_schedule.py come from this
 script.
 """
 
@@ -56,7 +56,10 @@ def kernels() -> dict:
         "conv 1x1 64->64 @80 NHWC +bias+relu (YOLOX)": conv_nhwc(80, 64, 64, 1, 1, bias_relu=True),
         "conv 1x1 256->64 @13 NHWC +bias+relu (YOLOX)": conv_nhwc(13, 256, 64, 1, 1,
                                                                 bias_relu=True),
+        "matmul 197x192x768 (DeiT MLP)": matmul(197, 192, 768),
         "conv 3x3 64->64 @56 NHWC +bias+relu": conv_nhwc(56, 64, 64, 3, 1, bias_relu=True),
+        "conv 3x3 256->256 @14 NHWC +bias+relu (ResNet)": conv_nhwc(14, 256, 256, 3, 1,
+                                                                  bias_relu=True),
         "conv 3x3 512->1024 @13 NHWC (YOLOv4)": conv_nhwc(13, 512, 1024, 3, 1),
         "conv 3x3 64->128 @208 NHWC (YOLOv4)": conv_nhwc(208, 64, 128, 3, 1),
         "conv 7x7/4 3->32 @512 NHWC (SegFormer patch)": conv_nhwc(512, 3, 32, 7, 4),
@@ -100,25 +103,28 @@ def main(argv=None) -> int:
 
     import numpy as np
 
-    from korch_tvm.backend.cpu_schedule import (MAX_TILE_ROWS, TILE_ROWS, WIDE_TILE_ROWS,
-                                                default_schedule)
+    from korch_tvm.backend.cpu_schedule import (MAX_TILE_ROWS, PAIR_COLUMNS, TILE_ROWS,
+                                                WIDE_TILE_ROWS, default_schedule)
     from korch_tvm.backend.target import parse_target
 
     target = parse_target({"kind": "llvm", "num-cores": args.threads})
     lines = [f"{'kernel':46s} {'untiled ms':>11s} {'tiled ms':>9s} {'speed-up':>8s} "
-             f"{'wide ms':>8s} {'vector outer ms':>16s}   (target {target}, {TILE_ROWS} tile rows, "
-             f"up to {MAX_TILE_ROWS}; wide: up to {WIDE_TILE_ROWS})"]
+             f"{'wide ms':>8s} {'vector outer ms':>16s} {'pair ms':>8s}   (target {target}, "
+             f"{TILE_ROWS} tile rows, up to {MAX_TILE_ROWS}; wide: up to {WIDE_TILE_ROWS}; "
+             f"pair: {PAIR_COLUMNS} vectors per row)"]
     for name, mod in kernels().items():
         untiled, reference = run(default_schedule(mod, target, register_tiles=False).mod, target)
         tiled, output = run(default_schedule(mod, target).mod, target)
         np.testing.assert_allclose(output, reference, rtol=1e-4, atol=1e-4, err_msg=name)
         variants = []
-        for options in ({"tile_rows": WIDE_TILE_ROWS}, {"vector_outer": True}):
+        for options in ({"tile_rows": WIDE_TILE_ROWS}, {"vector_outer": True},
+                        {"columns": PAIR_COLUMNS}):
             seconds, output = run(default_schedule(mod, target, **options).mod, target)
             np.testing.assert_allclose(output, reference, rtol=1e-4, atol=1e-4, err_msg=name)
             variants.append(seconds)
         lines.append(f"{name:46s} {untiled * 1e3:11.3f} {tiled * 1e3:9.3f} "
-                     f"{untiled / tiled:7.2f}x {variants[0] * 1e3:8.3f} {variants[1] * 1e3:16.3f}")
+                     f"{untiled / tiled:7.2f}x {variants[0] * 1e3:8.3f} {variants[1] * 1e3:16.3f} "
+                     f"{variants[2] * 1e3:8.3f}")
         print(lines[-1], flush=True)
     write_table(lines, args.out)
     return 0

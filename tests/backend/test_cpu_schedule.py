@@ -11,8 +11,9 @@ from tvm.script import tirx as T
 
 from conftest import make_tiny_onnx
 from test_weight_packing import conv_block_onnx
-from korch_tvm.backend.cpu_schedule import (DEFAULT_SCHEDULE_ATTR, WIDE_TILE_ROWS, _row_loop,
-                                            _tile_rows, default_schedule, default_schedules)
+from korch_tvm.backend.cpu_schedule import (DEFAULT_SCHEDULE_ATTR, PAIR_COLUMNS, WIDE_TILE_ROWS,
+                                            _row_loop, _tile_rows, default_schedule,
+                                            default_schedules)
 from korch_tvm.backend.rewrite import apply_tuning_log, scheduled_kernel_count
 from korch_tvm.costing.measure import measure_kernels
 from korch_tvm.costing.tuning_log import TuningLog
@@ -159,8 +160,8 @@ def test_a_13x13_map_gets_13_tile_rows():
 
 
 @pytest.mark.parametrize("rows, depth, width, expected", [
-    (64, 512, 1024, ["rule", "wide", "vector outer"]),
-    (26, 512, 1024, ["rule", "vector outer"]),  # 13 rows either way: no wide tile of its own
+    (64, 512, 1024, ["rule", "wide", "vector outer", "pair"]),
+    (26, 512, 1024, ["rule", "vector outer", "pair"]),  # 13 rows either way: no wide tile
     (64, 32, 48, ["rule"]),                      # under VARIANT_MIN_FLOPS
 ])
 def test_large_kernels_get_the_variants_that_differ_from_the_rule(rows, depth, width, expected):
@@ -171,7 +172,8 @@ def test_large_kernels_get_the_variants_that_differ_from_the_rule(rows, depth, w
                                       lambda i, j: te.sum(a[i, r] * b[r, j], axis=r)))
     forms = {"rule": default_schedule(mod, TARGET),
              "wide": default_schedule(mod, TARGET, tile_rows=WIDE_TILE_ROWS),
-             "vector outer": default_schedule(mod, TARGET, vector_outer=True)}
+             "vector outer": default_schedule(mod, TARGET, vector_outer=True),
+             "pair": default_schedule(mod, TARGET, columns=PAIR_COLUMNS)}
     schedules = default_schedules(mod, TARGET)
     assert [next(name for name, form in forms.items()
                  if tvm_ffi.structural_equal(form.mod, schedule.mod))

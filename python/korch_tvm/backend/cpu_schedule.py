@@ -28,9 +28,9 @@ Before the rule, the per-kind rules of `cpu_rules.py` reshape the blocks the rul
 without a vector or a tile (a contraction over 197 tokens is padded to whole tiles);
 `kind_rules=False` gives the rule alone (bench/kind_floor.py compares the two).
 
-The rule has two variants for large tiled kernels, a taller register tile and a loop order
-that keeps the weights in cache (`default_schedules`); the profiler measures them all and the
-log keeps the fastest. A kernel the rule cannot handle (dynamic extents, opaque blocks) keeps
+The rule has three variants for large tiled kernels, a taller register tile, a loop order
+that keeps the weights in cache and a tile two vectors wide (`default_schedules`); the profiler
+measures them all and the log keeps the fastest. A kernel the rule cannot handle (dynamic extents, opaque blocks) keeps
 the form it was written in. The returned schedule's trace replays on the kernel, so the
 profiler records the default measurement under it and applying the log rebuilds exactly the
 kernel that was measured.
@@ -63,25 +63,29 @@ MAX_TILE_ROWS = 14
 # outer loop outermost; only for kernels of at least VARIANT_MIN_FLOPS (0.1 ms at this CPU's
 # 2-core peak).
 WIDE_TILE_ROWS = 16
+# And a tile two vectors wide: each reduction step loads two vectors of the streamed operand and
+# broadcasts one value per row, so TILE_ROWS rows make 2 x TILE_ROWS multiply-adds from
+# TILE_ROWS + 2 loads instead of TILE_ROWS from TILE_ROWS + 1.
+PAIR_COLUMNS = 2
 VARIANT_MIN_FLOPS = 2e7
 DEFAULT_SCHEDULE_ATTR = "korch.default_schedule"  # marks a PrimFunc scheduled by this rule
 
 
 def default_schedule(kernel_mod: tvm.IRModule, target, *, register_tiles: bool = True,
                      tile_rows: int = TILE_ROWS, vector_outer: bool = False,
-                     pack_weights: bool = True, kind_rules: bool = True):
+                     pack_weights: bool = True, kind_rules: bool = True, columns: int = 1):
     """The schedule of a standalone kernel (`{"main": PrimFunc}`), or None where the rule
     does not apply (the kernel then runs as written). A kernel whose register tile the
     schedule primitives refuse gets the rule without it; `register_tiles=False` asks for that
     form directly (bench/default_schedule.py compares the forms). `tile_rows` and
-    `vector_outer` give the variants of `default_schedules`; `pack_weights=False` leaves the
-    weights in the model's layout; `kind_rules=False` leaves out the per-kind rules
+    `vector_outer` and `columns` (vectors per tile row) give the variants of
+    `default_schedules`; `pack_weights=False` leaves the weights in the model's layout; `kind_rules=False` leaves out the per-kind rules
     (`cpu_rules.py`: the generic rule alone, as bench/kind_floor.py compares)."""
     cores = _cores(target)
     for tiles in (True, False) if register_tiles else (False,):
         try:
             schedule = _scheduled(kernel_mod, cores, tile_rows if tiles else 0, vector_outer,
-                                  kind_rules)
+                                  kind_rules, columns if tiles else 1)
         except Exception as err:  # noqa: BLE001 - a form the rule does not cover
             logger.debug("no CPU default schedule%s: %s", " with register tiles" if tiles else "",
                          error_summary(str(err)))
@@ -101,7 +105,9 @@ def default_schedules(kernel_mod: tvm.IRModule, target, kind_rules: bool = True)
     No one register tile wins on every kernel (bench/results/default_schedule.txt): a taller
     tile (up to `WIDE_TILE_ROWS` rows) speeds some matmuls up and slows others down, and so does
     the vector's outer loop outermost (each core keeps a strip of the weights in its cache while
-    it sweeps the rows, instead of streaming all weights once per tile of rows). So the profiler
+    it sweeps the rows, instead of streaming all weights once per tile of rows), and so does a
+    tile two vectors wide (fewer loads per multiply-add: it speeds matmuls and 1x1 convolutions
+    up, bench/results/default_schedule-pair.txt, and slows most 3x3 ones down). So the profiler
     measures each and the log keeps them all. The rule's form is also measured with the weights
     as the model has them: packing speeds most convolutions up but slows a few down
     (bench/results/packed-weights/).
@@ -119,10 +125,12 @@ def default_schedules(kernel_mod: tvm.IRModule, target, kind_rules: bool = True)
     if kernel_flops(kernel_mod) < VARIANT_MIN_FLOPS:
         return schedules
     cores = _cores(target)
-    for tile_rows, vector_outer in ((WIDE_TILE_ROWS, False), (TILE_ROWS, True)):
+    for tile_rows, vector_outer, columns in ((WIDE_TILE_ROWS, False, 1), (TILE_ROWS, True, 1),
+                                             (TILE_ROWS, False, PAIR_COLUMNS)):
         try:  # no fallback to an untiled form here: that is never the faster one
             variant = _with_packed_weights(
-                _scheduled(kernel_mod, cores, tile_rows, vector_outer, kind_rules), target)
+                _scheduled(kernel_mod, cores, tile_rows, vector_outer, kind_rules, columns),
+                target)
         except Exception:  # noqa: BLE001 - a form the variant does not cover
             continue
         _distinct_append(schedules, variant)
@@ -135,9 +143,10 @@ def _cores(target) -> int:
 
 
 def _scheduled(kernel_mod: tvm.IRModule, cores: int, tile_rows: int, vector_outer: bool = False,
-               kind_rules: bool = True):
+               kind_rules: bool = True, columns: int = 1):
     """The rule on every block; `tile_rows` 0: no register tiles; `vector_outer`: a tiled
-    block's loops in the order (vector's outer loop, other spatial loops)."""
+    block's loops in the order (vector's outer loop, other spatial loops); `columns`: vectors
+    per tile row."""
     from tvm.s_tir.dlight.analysis import normalize_prim_func
 
     schedule = tvm.s_tir.Schedule(kernel_mod)
@@ -158,7 +167,7 @@ def _scheduled(kernel_mod: tvm.IRModule, cores: int, tile_rows: int, vector_oute
             raise ValueError("the kernel has blocks dlight cannot normalize")
     for block in blocks:
         if _still_there(schedule, block.block_rv):  # not written back by a tile before it
-            _schedule_block(schedule, block, cores, tile_rows, vector_outer)
+            _schedule_block(schedule, block, cores, tile_rows, vector_outer, columns)
     return schedule
 
 
@@ -224,8 +233,9 @@ def _inline_injective(schedule, blocks) -> None:
 
 
 def _schedule_block(schedule, block, cores: int, tile_rows: int,
-                    vector_outer: bool = False) -> None:
-    """The rule on one block; `tile_rows` 0: no register tile."""
+                    vector_outer: bool = False, columns: int = 1) -> None:
+    """The rule on one block; `tile_rows` 0: no register tile; `columns` vectors per tile row
+    (where the vector's outer loop divides by it)."""
     if any(iterator.kind not in "SR" for iterator in block.iters):
         return  # an opaque iterator: loop order is not ours to change
     spatial = [iterator.loop_rv for iterator in block.iters if iterator.kind == "S"]
@@ -238,6 +248,9 @@ def _schedule_block(schedule, block, cores: int, tile_rows: int,
     tile = []
     if tile_rows and reduction and vector is not None:
         spatial, tile = _register_tile(schedule, block, spatial, tile_rows)
+        if columns > 1 and tile:
+            spatial[-1], pair = _split_columns(schedule, spatial[-1], columns)
+            tile += pair
         if vector_outer and tile:
             spatial = [spatial[-1]] + spatial[:-1]
     order = spatial + reduction + tile + ([vector] if vector is not None else [])
@@ -280,6 +293,16 @@ def _register_tile(schedule, block, spatial: list, tile_rows: int) -> tuple[list
     spatial = list(spatial)
     spatial[row], row_loop = schedule.split(spatial[row], [None, rows])
     return spatial, [row_loop]
+
+
+def _split_columns(schedule, vector_outer_loop, columns: int) -> tuple[object, list]:
+    """(the loop left outside, [the `columns` vectors of a tile row]), or the loop unchanged
+    and [] where its extent does not divide by `columns`."""
+    extent = _extent(schedule, vector_outer_loop)
+    if not extent or extent % columns:
+        return vector_outer_loop, []
+    outer, inner = schedule.split(vector_outer_loop, [None, columns])
+    return outer, [inner]
 
 
 def _row_loop(schedule, block) -> int | None:
