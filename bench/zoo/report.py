@@ -10,10 +10,29 @@ import math
 import os
 import time
 
-NOISE_NOTE = ("Timings come from a shared 2-core machine (other jobs compiling beside these "
-              "runs; the load column gives the 1-minute load average before/after each model), "
-              "so every number is noisy: each ratio is followed by the p10-p90 of its paired "
-              "per-round ratios, and a ratio whose p10-p90 spans 1 is marked '≈'.")
+# A 1-minute load average above this (on the zoo's 2 cores) means other jobs shared the machine.
+LOADED = 2.5
+_RATIO_NOISE = ("each ratio is followed by the p10-p90 of its paired per-round ratios, and a "
+                "ratio whose p10-p90 spans 1 is marked '≈'.")
+
+
+def loaded(rows: list[dict]) -> bool:
+    """Whether any model's recorded load (before or after) says the machine was shared."""
+    return any(value is not None and value > LOADED
+               for row in rows for value in (row.get("load") or []))
+
+
+def noise_note(rows: list[dict]) -> str:
+    """What the load column says about the timings, and how noise is shown."""
+    loads = [value for row in rows for value in (row.get("load") or []) if value is not None]
+    span = f"{min(loads):.1f}-{max(loads):.1f}" if loads else "not recorded"
+    if loaded(rows):
+        return ("Timings come from a shared 2-core machine (other jobs ran beside these runs; "
+                f"1-minute load average {span}, per model in the load column), so every number "
+                "is noisy: " + _RATIO_NOISE)
+    return ("The machine was otherwise near idle (1-minute load average "
+            f"{span}, per model in the load column); timings still vary from round to round: "
+            + _RATIO_NOISE)
 
 
 def geomean(values) -> float | None:
@@ -30,7 +49,7 @@ def summarize(rows: list[dict], budget: int, code: dict, note: str = "") -> dict
         "aggregated": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
         "code": code,
         "note": note,
-        "noise": NOISE_NOTE,
+        "noise": noise_note(rows),
         "dates": sorted({row["date"] for row in ran}),
         "code_benched": sorted({(row.get("code") or {}).get("source", "unknown")
                                 for row in rows if row["status"] in ("ok", "failed")}),
@@ -94,7 +113,8 @@ def targets(ran: list[dict], budget: int) -> list[dict]:
          "value": max(compiles, default=None), "met": not slow,
          "gap": f"{len(slow)} of {len(ran)} over (max {_num(max(compiles, default=None), 0)} s, "
                 f"median {_num(sorted(compiles)[len(compiles) // 2] if compiles else None, 0)} "
-                "s; on a shared, loaded machine)" if slow else "all within"},
+                f"s{'; on a shared, loaded machine' if loaded(ran) else ''})" if slow
+                else "all within"},
     ]
 
 
@@ -182,7 +202,7 @@ def markdown(summary: dict) -> str:
            f"{', '.join(summary['dates']) or 'none'}; aggregated {summary['aggregated']}. "
            "Each model: its own fresh tuning log, " + _protocol(summary) + ", timed "
            "interleaved in one process with ONNX Runtime and OpenVINO (bench/run_zoo.py).",
-           "", NOISE_NOTE, ""]
+           "", summary["noise"], ""]
     if summary.get("note"):
         out += [summary["note"], ""]
     out += ["| model | category | status | compile s cold, stock / Korch | stock ms | Korch ms "
@@ -262,7 +282,9 @@ def plot(summary: dict, path: str) -> bool:
     axes.set_xticklabels([row["model"] for row in ran], rotation=60, ha="right", fontsize=8)
     axes.set_ylabel("Korch speed-up (> 1: Korch faster)")
     axes.set_title(f"Model zoo, {summary['budget_trials_per_compile']} trials per compile "
-                   f"({summary.get('threads')} threads, shared machine: noisy)", fontsize=10)
+                   f"({summary.get('threads')} threads"
+                   f"{', shared machine: noisy' if loaded(summary['models']) else ''})",
+                   fontsize=10)
     axes.legend(fontsize=8)
     figure.tight_layout()
     figure.savefig(path, dpi=110)

@@ -240,3 +240,14 @@ def test_the_benched_commit_gets_a_venv_of_its_own_that_sees_the_project_package
     assert lines == [str(tmp_path / "env"), str(tmp_path / "env" / "share" / "korch_tvm" /
                                                 "library")]
     assert run_zoo.child_venv(str(tmp_path / "env")) == python  # made once, then reused
+
+
+def test_the_noise_note_follows_the_recorded_load():
+    from bench.zoo.report import noise_note
+
+    quiet = [{"load": [0.8, 1.6]}, {"load": [1.1, None]}]
+    assert noise_note(quiet).startswith("The machine was otherwise near idle (1-minute load "
+                                        "average 0.8-1.6")
+    shared = quiet + [{"load": [9.5, 4.0]}]
+    assert noise_note(shared).startswith("Timings come from a shared 2-core machine")
+    assert "0.8-9.5" in noise_note(shared) and "not recorded" in noise_note([{}])
