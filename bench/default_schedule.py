@@ -6,8 +6,8 @@ Each kernel (matmuls and convolutions of the shapes that dominate the suite mode
 from TOPI, scheduled by `korch_tvm.backend.cpu_schedule.default_schedule` with `register_tiles`
 off, on, and in the three variants the profiler also measures (`default_schedules`: up to
 `WIDE_TILE_ROWS` tile rows; the vector's outer loop outermost; `PAIR_COLUMNS` vectors per tile
-row), checked equal, and timed with a warm cache (best of 3 x 3 calls). The figures quoted in backend/cpu_schedule.py come from this
-script.
+row), checked equal, and timed with a warm cache (best of 3 x 3 calls). The figures quoted in
+backend/cpu_schedule.py come from this script.
 """
 
 from __future__ import annotations

@@ -143,7 +143,8 @@ def test_a_library_cost_calibrates_no_tvm_kernel():
 
 
 CONV_KEYS = [f"openblas.sconv2d{steps} layout=nchw n=1 c=8 h=12 w=12 k=16 r=3 s=3 p=12 q=12 "
-             "stride=1,1 pad=1,1 dilation=1,1 groups=1" for steps in ("", "+bias_m", "+bias_m+relu")]
+             "stride=1,1 pad=1,1 dilation=1,1 groups=1"
+             for steps in ("", "+bias_m", "+bias_m+relu")]
 
 
 def conv_model():

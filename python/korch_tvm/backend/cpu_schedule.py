@@ -30,10 +30,10 @@ without a vector or a tile (a contraction over 197 tokens is padded to whole til
 
 The rule has three variants for large tiled kernels, a taller register tile, a loop order
 that keeps the weights in cache and a tile two vectors wide (`default_schedules`); the profiler
-measures them all and the log keeps the fastest. A kernel the rule cannot handle (dynamic extents, opaque blocks) keeps
-the form it was written in. The returned schedule's trace replays on the kernel, so the
-profiler records the default measurement under it and applying the log rebuilds exactly the
-kernel that was measured.
+measures them all and the log keeps the fastest. A kernel the rule cannot handle (dynamic
+extents, opaque blocks) keeps the form it was written in. The returned schedule's trace
+replays on the kernel, so the profiler records the default measurement under it and applying
+the log rebuilds exactly the kernel that was measured.
 """
 
 from __future__ import annotations
@@ -79,8 +79,9 @@ def default_schedule(kernel_mod: tvm.IRModule, target, *, register_tiles: bool =
     schedule primitives refuse gets the rule without it; `register_tiles=False` asks for that
     form directly (bench/default_schedule.py compares the forms). `tile_rows` and
     `vector_outer` and `columns` (vectors per tile row) give the variants of
-    `default_schedules`; `pack_weights=False` leaves the weights in the model's layout; `kind_rules=False` leaves out the per-kind rules
-    (`cpu_rules.py`: the generic rule alone, as bench/kind_floor.py compares)."""
+    `default_schedules`; `pack_weights=False` leaves the weights in the model's layout;
+    `kind_rules=False` leaves out the per-kind rules (`cpu_rules.py`: the generic rule alone,
+    as bench/kind_floor.py compares)."""
     cores = _cores(target)
     for tiles in (True, False) if register_tiles else (False,):
         try:
