@@ -36,8 +36,9 @@ def tvm_kernel_times(vm, args, runs: int = 10, warmup: int = 2) -> dict[str, flo
     under "runtime", library calls under "library". Each call is timed from the instrument
     hook's before- to its after-callback, a window that holds the return from one Python
     callback and the entry into the next: about half of the hook's cost per call, which is the
-    instrumented runs' excess over as many plain runs divided by the calls. That half is taken off each call (never more than half its
-    timed value), so small kernels are not charged for the profiler.
+    instrumented runs' excess over as many plain runs divided by the calls. That half is taken
+    off each call (never more than half its timed value), so small kernels are not charged for
+    the profiler.
     """
     main = vm["main"]
     for _ in range(warmup):
