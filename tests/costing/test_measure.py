@@ -156,20 +156,20 @@ def split_trace(kernel: tvm.IRModule, factor: int):
 
 
 def test_a_large_kernel_keeps_its_fastest_default_schedule_and_no_trials_are_counted(tmp_path):
-    """A 256x256 matmul has three default schedules: all are logged, the fastest first, its
+    """A 256x256 matmul has four default schedules: all are logged, the fastest first, its
     cost is the fastest's, and none of them counts as a tuning trial."""
     kernel = legalized_kernels(256)["matmul"]
     log = TuningLog(tmp_path, TARGET)
     cost = profile_kernels({"matmul": kernel}, TARGET, log, trials=0, progress=False)["matmul"]
     times = [float(np.median([float(s) for s in record.run_secs]))
              for record in log.database.get_all_tuning_records()]
-    assert len(times) == len(default_schedules(kernel, TARGET)) == 3
+    assert len(times) == len(default_schedules(kernel, TARGET)) == 4
     assert cost.seconds == pytest.approx(min(times), rel=1e-5) == pytest.approx(times[0], rel=1e-5)
     assert log.default_seconds(kernel) == pytest.approx(cost.seconds, rel=1e-5)
     assert tuned_trials(log, kernel) == 0
     for record in log.database.get_all_tuning_records():  # a second compile sharing the log
         log.commit_run(kernel, [float(s) for s in record.run_secs], trace=record.trace)
-    assert log.record_count(kernel) == 6 and tuned_trials(log, kernel) == 0  # same schedules
+    assert log.record_count(kernel) == 8 and tuned_trials(log, kernel) == 0  # same schedules
     for factor in (4, 8):  # two records tuned by a korch_tvm that kept no count
         log.commit_run(kernel, [1e-3] * 3, trace=split_trace(kernel, factor))
     assert tuned_trials(log, kernel) == 2
