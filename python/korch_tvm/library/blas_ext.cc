@@ -123,6 +123,16 @@ void RunGemm(const TensorView& a, const TensorView& b, bool ta, bool tb, const T
   }
 }
 
+// Task `task_id`'s share [begin, end) of `rows` rows split evenly over the pool's tasks (all of
+// them when run without the pool, `penv` null).
+inline void TaskRows(int task_id, const TVMParallelGroupEnv* penv, int64_t rows, int64_t* begin,
+                     int64_t* end) {
+  int64_t tasks = penv == nullptr ? 1 : std::max<int64_t>(1, penv->num_task);
+  int64_t per_task = (rows + tasks - 1) / tasks;
+  *begin = std::min(rows, task_id * per_task);
+  *end = std::min(rows, *begin + per_task);
+}
+
 struct EpilogueJob {
   const std::vector<EpilogueStep>* steps;
   float* c;
@@ -136,10 +146,9 @@ __attribute__((target_clones("avx512f", "avx2", "default")))
 #endif
 int RunEpilogueRows(int task_id, TVMParallelGroupEnv* penv, void* cdata) {
   auto* job = static_cast<EpilogueJob*>(cdata);
-  int64_t tasks = penv == nullptr ? 1 : std::max<int64_t>(1, penv->num_task);
-  int64_t per_task = (job->rows + tasks - 1) / tasks;
-  int64_t end = std::min(job->rows, (task_id + 1) * per_task);
-  for (int64_t row = task_id * per_task; row < end; ++row) {
+  int64_t begin, end;
+  TaskRows(task_id, penv, job->rows, &begin, &end);
+  for (int64_t row = begin; row < end; ++row) {
     for (const EpilogueStep& step : *job->steps) {
       korch_tvm::gemm::ApplyStep(step, job->c, row, job->m, job->n);
     }
@@ -205,10 +214,8 @@ struct Im2colJob {
 
 int RunIm2col(int task_id, TVMParallelGroupEnv* penv, void* cdata) {
   auto* job = static_cast<Im2colJob*>(cdata);
-  int64_t tasks = penv == nullptr ? 1 : std::max<int64_t>(1, penv->num_task);
-  int64_t per_task = (job->rows + tasks - 1) / tasks;
-  int64_t begin = std::min(job->rows, task_id * per_task);
-  int64_t end = std::min(job->rows, begin + per_task);
+  int64_t begin, end;
+  TaskRows(task_id, penv, job->rows, &begin, &end);
   korch_tvm::conv::Im2colRows(job->x, job->col, *job->shape, job->image, job->group, begin, end);
   return 0;
 }
@@ -231,7 +238,7 @@ float* ColumnBuffer(int64_t floats, const char* fn) {
 // convolution), then one GEMM into the group's rows (NCHW) or columns (NHWC) of Y.
 void RunConv(const float* x, const float* w, float* y, const ConvShape& s, const char* fn) {
   int64_t kg = s.group_out(), window = s.window(), positions = s.positions();
-  bool direct = s.is_pointwise() && s.p == s.h && s.q == s.w;
+  bool direct = s.is_pointwise();
   float* col = direct ? nullptr : ColumnBuffer(window * positions, fn);
   for (int64_t image = 0; image < s.n; ++image) {
     for (int64_t g = 0; g < s.groups; ++g) {

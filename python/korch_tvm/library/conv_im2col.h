@@ -40,9 +40,11 @@ struct ConvShape {
   int64_t group_out() const { return k / groups; }
   int64_t window() const { return group_in() * r * s; }  // a column's length: the GEMM's K
   int64_t positions() const { return p * q; }
-  bool is_pointwise() const {  // 1x1, stride 1, no padding, one group: the input is the column
+  // 1x1, stride 1, no padding, one group, the output as large as the input: the input is the
+  // column matrix itself
+  bool is_pointwise() const {
     return r == 1 && s == 1 && stride_h == 1 && stride_w == 1 && pad_top == 0 && pad_left == 0 &&
-           groups == 1;
+           groups == 1 && p == h && q == w;
   }
 };
 

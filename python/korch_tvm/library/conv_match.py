@@ -86,10 +86,10 @@ class ConvSpec:
 def match_conv(kernel_mod: tvm.IRModule) -> ConvSpec | None:
     """The convolution (and epilogue) kernel_mod's `main` computes, or None when it is not one."""
     func = float32_main(kernel_mod)
-    pad_block, conv_block, output_block = (None, None, None) if func is None else \
-        (_blocks(kernel_mod) or (None, None, None))
-    if conv_block is None:
+    blocks = None if func is None else _blocks(kernel_mod)
+    if blocks is None:
         return None
+    pad_block, conv_block, output_block = blocks
     inputs, output = list(func.params[:-1]), func.params[-1]
     spec = _spec_of(conv_block, pad_block, inputs)
     if spec is None:

@@ -62,9 +62,7 @@ def implementations_for(kernel_mod: tvm.IRModule, device: str = "cpu") -> list[I
     """The library implementations of kernel_mod's `main` on `device` ("cpu": OpenBLAS,
     "cuda": cuBLAS); empty when none applies or the extension is not built here."""
     assert device in ("cpu", "cuda"), f"unknown library device {device!r}"
-    spec = match_gemm(kernel_mod)
-    if spec is None and device == "cpu":       # cuBLAS: GEMMs only
-        spec = match_conv(kernel_mod)
+    spec = library_spec(kernel_mod, device)
     if spec is None or (spec.epilogue and device != "cpu"):   # cuBLAS: plain GEMMs only
         return []
     loaded = load_blas_extension() if device == "cpu" else load_cublas_extension()
@@ -75,7 +73,14 @@ def implementations_for(kernel_mod: tvm.IRModule, device: str = "cpu") -> list[I
     return [Implementation(name, prefix + spec.routine, spec)]
 
 
-def epilogue_text(spec: GemmSpec) -> str:
+def library_spec(kernel_mod: tvm.IRModule, device: str = "cpu") -> CallSpec | None:
+    """What kernel_mod computes in a form `device`'s library has a routine for (a GEMM; on the
+    CPU also a convolution), whether or not that routine applies its epilogue; None else."""
+    spec = match_gemm(kernel_mod)
+    return match_conv(kernel_mod) if spec is None and device == "cpu" else spec
+
+
+def epilogue_text(spec: CallSpec) -> str:
     """The epilogue argument of the extension's call: its steps' tokens, space-separated."""
     return " ".join(step.token() for step in spec.epilogue)
 

@@ -9,9 +9,7 @@ from typing import Collection
 import tvm
 from tvm import relax
 
-from .conv_match import match_conv
-from .gemm_match import match_gemm
-from .implementations import Implementation, implementations_for
+from .implementations import Implementation, implementations_for, library_spec
 
 CALL_TIR = tvm.ir.Op.get("relax.call_tir")
 
@@ -71,8 +69,7 @@ class _GemmRewriter(relax.PyExprMutator):
             if isinstance(kernel, tvm.tirx.PrimFunc) else []
         if found or self.kernels is None:
             return found[0] if found else None
-        module = tvm.IRModule({"main": kernel})
-        spec = match_gemm(module) or (match_conv(module) if self.device == "cpu" else None)
+        spec = library_spec(tvm.IRModule({"main": kernel}), self.device)
         reason = ("is not a float32 GEMM or convolution the library computes (with its "
                   "epilogue)" if spec is None
                   else "has an epilogue, which cuBLAS calls do not apply"
