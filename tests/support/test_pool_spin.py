@@ -20,8 +20,9 @@ def test_a_measurement_waits_out_the_spin_after_parallel_work_and_not_otherwise(
     assert pool_spin.wait_for_idle_pool() == 0.0 and len(slept) == 1
 
 
-def test_library_timings_and_verification_runs_note_their_parallel_work(monkeypatch):
-    """The two places a compile runs TVM kernels in its own process before measuring more."""
+def test_a_verification_run_notes_its_parallel_work(monkeypatch):
+    """One of the two places a compile runs TVM kernels in its own process before it measures
+    more (the other, a library timing, below)."""
     import numpy as np
     import tvm
     from tvm import relax
