@@ -8,7 +8,7 @@ from tvm import relax
 from korch_tvm.frontend.onnx_import import import_onnx
 from korch_tvm.layout.activations import convert_layout
 from korch_tvm.lowering.constant_folding import _ConstantLayoutsInNumpy, fold_constants
-from korch_tvm.lowering.fission import mutate_relax_functions
+from korch_tvm.lowering.mutation import mutate_relax_functions
 from test_weight_packing import conv_block_onnx
 
 

@@ -43,7 +43,7 @@ from tvm import relax
 from ..config import LAYOUT_CHOICES
 from ..errors import KorchError
 from ..lowering.constant_folding import fold_constants
-from ..lowering.fission import mutate_relax_functions
+from ..lowering.mutation import mutate_relax_functions
 from ..support import interrupts
 
 logger = logging.getLogger("korch_tvm.data_layout")

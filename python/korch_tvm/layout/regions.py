@@ -26,7 +26,7 @@ import tvm
 from tvm import relax
 
 from ..lowering.constant_folding import fold_constants
-from ..lowering.fission import mutate_relax_functions
+from ..lowering.mutation import mutate_relax_functions
 from .activations import LAYOUTS, convert_layout, is_conv2d
 
 # Every tensor live at a cut is transposed where the layout switches there. Three also cuts

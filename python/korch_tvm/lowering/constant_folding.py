@@ -13,7 +13,7 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from .fission import mutate_relax_functions
+from .mutation import mutate_relax_functions
 
 
 def fold_constants(mod: tvm.IRModule) -> tvm.IRModule:

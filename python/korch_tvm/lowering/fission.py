@@ -28,7 +28,8 @@ Dropout                    nn.dropout (tuple)                                  l
 HardSwish / HardSigmoid    add, clip, divide, multiply (already primitive)     kept
 Mish, Softplus, Elu, Selu  exp, log, tanh, relu, ... (already primitive)       kept
 Sigmoid, Tanh, Relu, Clip  sigmoid, tanh, nn.relu, clip (primitive)            kept
-Conv (+bias)               nn.conv2d, reshape, add (linear + elementwise)      kept
+Conv (+bias)               nn.conv2d, reshape, add (linear + elementwise)      kept; taps that read
+                                                                               only padding cut
 ConvTranspose (+bias)      nn.conv2d_transpose, reshape, add                   kept
 Gemm / MatMul              permute_dims, matmul, (multiply), add               kept
 Resize                     image.resize2d (layout kind)                        kept, see below
@@ -57,6 +58,8 @@ import tvm
 from tvm import relax
 
 from .primitive_kinds import OPAQUE, op_kind
+from .dead_conv_taps import TrimDeadConvTaps
+from .mutation import mutate_relax_functions
 from .rules import LOWERING_RULES, shapes_known
 
 
@@ -100,14 +103,6 @@ class _PrimitiveRewriter(relax.PyExprMutator):
             len(fields) == len(known) and all(a.same_as(b) for a, b in zip(fields, known))
             for known in self.lowered_tuple_fields
         )
-
-
-def mutate_relax_functions(mutator, mod: tvm.IRModule) -> tvm.IRModule:
-    """`mod` with every Relax function rewritten by `mutator` (a PyExprMutator made on `mod`)."""
-    for global_var, func in mod.functions_items():
-        if isinstance(func, relax.Function):
-            mutator.builder_.update_func(global_var, mutator.visit_expr(func))
-    return mutator.builder_.get()
 
 
 @tvm.transform.module_pass(opt_level=0, name="PrimitiveLowering")
@@ -168,11 +163,12 @@ def lowering_stats(before: tvm.IRModule, after: tvm.IRModule) -> dict:
 def lower_to_primitives(mod: tvm.IRModule) -> tvm.IRModule:
     """PrimitiveLowering plus the clean-up the primitive graph expects.
 
-    The rules leave alias and unused tuple bindings behind, and constant-only subexpressions
+    Convolution taps that read only padding are cut first (`dead_conv_taps`). The rules leave alias and unused tuple bindings behind, and constant-only subexpressions
     (e.g. batch-norm factors computed from parameters) are folded so that they do not become
     primitives of their own.
     """
     return tvm.transform.Sequential([
+        TrimDeadConvTaps(),
         PrimitiveLowering(),
         relax.transform.CanonicalizeBindings(),
         relax.transform.FoldConstant(),

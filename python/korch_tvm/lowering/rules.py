@@ -43,7 +43,7 @@ def shapes_known(call: relax.Call) -> bool:
     )
 
 
-def _static_dims(expr: relax.Expr) -> list[int] | None:
+def static_dims(expr: relax.Expr) -> list[int] | None:
     """The tensor's shape as Python ints, or None when any dimension is symbolic or unknown."""
     shape = expr.ty.shape
     if shape is None or not isinstance(shape, relax.ShapeExpr):
@@ -164,7 +164,7 @@ def _instance_norm(bb, call):
 def _group_norm(bb, call):
     """Split the channel axis into (groups, channels per group), normalise each group, undo."""
     x, gamma, beta = call.args
-    attrs, dims = call.attrs, _static_dims(call.args[0])
+    attrs, dims = call.attrs, static_dims(call.args[0])
     if dims is None:
         return None
     ndim, groups = len(dims), int(attrs.num_groups)
