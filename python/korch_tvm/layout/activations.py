@@ -89,14 +89,14 @@ def in_best_layout(mod: tvm.IRModule, layout: str,
                    ) -> tuple[str, dict[str, Result]]:
     """(the layout of least modelled latency, every layout's result) for `mod` in `layout`:
     `plan_layouts`, then `best_layout`."""
-    results = plan_layouts(mod, layout, compile_in, time_budget)
+    results = plan_layouts(layout_variants(mod, layout), compile_in, time_budget)
     return best_layout({name: modelled_ms(result) for name, result in results.items()}), results
 
 
-def plan_layouts(mod: tvm.IRModule, layout: str,
+def plan_layouts(variants: Mapping[str, tvm.IRModule],
                  compile_in: Callable[[str, tvm.IRModule, float | None], Result],
                  time_budget: float | None = None) -> dict[str, Result]:
-    """Every layout's result for `mod` in `layout`.
+    """Every layout's result for its variant of the model (`layout_variants`).
 
     `compile_in(layout, module, time_budget)` plans or compiles one variant; the variants share
     `time_budget` evenly (what one leaves goes to the next), and the trial budget: the i-th of
@@ -105,7 +105,6 @@ def plan_layouts(mod: tvm.IRModule, layout: str,
     left out with a warning: an optional layout must not sink a compile that the model as given
     can do.
     """
-    variants = layout_variants(mod, layout)
     deadline = None if time_budget is None else time.perf_counter() + time_budget
     results: dict[str, Result] = {}
     for position, (name, variant) in enumerate(variants.items()):

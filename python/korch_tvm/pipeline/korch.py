@@ -26,12 +26,13 @@ from ..costing.session import CostingSession, open_tuning_log
 from ..errors import error_summary
 from ..kernels.fused import build_partition_module
 from ..kernels.kinds import module_kernel_kinds, plan_kind_times
-from ..layout.activations import LAYOUTS, best_layout, plan_layouts
+from ..layout.activations import LAYOUTS, best_layout, layout_variants, plan_layouts
 from ..layout.regions import (MIXED, cheapest_layouts, region_module, split_regions,
                               stitched_module, switch_module)
 from ..support import interrupts
 from .korch_costs import Planned, distinct_costs, tune_once
 from .layout_plan import KorchPlan, plan_in_layout
+from .layout_probe import screen_layouts
 
 logger = logging.getLogger("korch_tvm.passes")
 
@@ -66,7 +67,10 @@ def plan_korch(mod: tvm.IRModule, config: KorchConfig, *, predict_only: bool = F
                               predict_only=predict_only, measure_with=measure_with,
                               session=session)
 
-    planned = plan_layouts(mod, config.layout, plan_in, session.seconds_left())
+    variants = layout_variants(mod, config.layout)
+    if config.layout == "auto" and not predict_only and measure_with is None:
+        variants = screen_layouts(variants, config, session)
+    planned = plan_layouts(variants, plan_in, session.seconds_left())
     regions = None
     if config.layout == "auto" and len(planned) == len(LAYOUTS):
         mixed = _try_region_layouts(mod, config, session, predict_only=predict_only,

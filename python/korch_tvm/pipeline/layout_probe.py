@@ -1,0 +1,127 @@
+"""A layout left unplanned when its heaviest kernels already lose clearly.
+
+Planning a model with convolutions in both activation layouts measured every kernel either
+plan needed, and on a cold CNN compile about half of the time went to the layout that then
+lost (NCHW, modelled 1.3-3.7x slower than NHWC on 12 of the zoo's 21 convolution models). The
+convolutions decide the contest, so the heaviest stock kernels of each layout (FuseOps'
+groups, by FLOPs times uses, at least `PROBE_FLOP_SHARE` of the model's) are measured first,
+and a layout whose FLOP rate on them is `SCREEN_RATIO` times below the best layout's, and
+which is slower on every convolution both measured, is not planned. A small model, quick to
+plan twice, is not probed. The probe's measurements go into the tuning log, so the plan of
+the layout kept reuses them. Predictions cannot stand in for the probe on a new machine: there
+a fresh log's cost model gives both layouts the same time within 0.1 %.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from typing import Mapping, NamedTuple
+
+import tvm
+
+from ..config import KorchConfig
+from ..costing.session import CostingSession
+from ..kernels.kernel_facts import kernel_flops
+from ..lowering.fission import lower_to_primitives
+from ..substitutions.offer import graph_with_alternatives
+from .layout_plan import find_candidates
+
+logger = logging.getLogger("korch_tvm.data_layout")
+
+SCREEN_RATIO = 1.3  # a layout this many times slower on the probe kernels is not planned
+PROBE_FLOP_SHARE = 0.5  # of the stock plan's FLOPs, covered by the kernels measured
+PROBE_MAX_KERNELS = 8  # per layout, however the FLOPs are spread
+# Below this many distinct stock kernels planning both layouts is quick and the probe saves
+# little (ResNet-18 has 19, a three-convolution test block 3-5)
+PROBE_MIN_KERNELS = 12
+
+
+class StockKernel(NamedTuple):
+    module: tvm.IRModule
+    uses: int
+    flops: float  # of one use
+
+
+def stock_kernels(module: tvm.IRModule, config: KorchConfig) -> dict[str, StockKernel]:
+    """The distinct kernels of TVM's fusion groups for `module` (one layout), by key."""
+    found = find_candidates(graph_with_alternatives(lower_to_primitives(module), "off",
+                                                    fast_math=config.fast_math), config)
+    uses = Counter(found.kernels.keys[i] for i, candidate in enumerate(found.candidates)
+                   if candidate.is_stock and found.kernels.keys[i] is not None)
+    return {key: StockKernel(found.kernels.modules[key], count,
+                             kernel_flops(found.kernels.modules[key]))
+            for key, count in uses.items()}
+
+
+def probe_set(kernels: Mapping[str, StockKernel]) -> list[str]:
+    """The heaviest kernels by FLOPs times uses, until they cover `PROBE_FLOP_SHARE` of all
+    (at most `PROBE_MAX_KERNELS`)."""
+    total = sum(kernel.flops * kernel.uses for kernel in kernels.values())
+    chosen, covered = [], 0.0
+    for key in sorted(kernels, key=lambda k: -kernels[k].flops * kernels[k].uses):
+        if covered >= PROBE_FLOP_SHARE * total or len(chosen) == PROBE_MAX_KERNELS:
+            break
+        chosen.append(key)
+        covered += kernels[key].flops * kernels[key].uses
+    return chosen
+
+
+class Probe(NamedTuple):
+    """One layout's probe: its FLOP rate over the kernels measured, and the seconds of each
+    of them by its FLOPs (the same convolution has the same FLOPs in either layout)."""
+
+    rate: float
+    seconds_by_flops: dict[float, float]
+
+
+def probe_result(kernels: Mapping[str, StockKernel], seconds: Mapping[str, float]) -> Probe:
+    """The `Probe` of the kernels timed in `seconds` (each counted as often as it is used)."""
+    flops = sum(kernels[key].flops * kernels[key].uses for key in seconds)
+    time = sum(seconds[key] * kernels[key].uses for key in seconds)
+    by_flops: dict[float, float] = {}
+    for key, taken in seconds.items():
+        rounded = float(f"{kernels[key].flops:.3g}")
+        by_flops[rounded] = min(taken, by_flops.get(rounded, taken))
+    return Probe(flops / time if time > 0 else 0.0, by_flops)
+
+
+def layouts_worth_planning(probes: Mapping[str, Probe | None]) -> list[str]:
+    """Every layout but those beaten by the fastest: `SCREEN_RATIO` times below its FLOP rate
+    and slower on every convolution both probes measured (a layout that wins one of them may
+    win a region: layout/regions.py). All of them when a probe is missing (None: a kernel
+    could not be measured) or the probes share no kernel."""
+    if any(probe is None or probe.rate <= 0 for probe in probes.values()):
+        return list(probes)
+    best = max(probes.values(), key=lambda probe: probe.rate)
+
+    def beaten(probe: Probe) -> bool:
+        shared = best.seconds_by_flops.keys() & probe.seconds_by_flops.keys()
+        return (probe.rate * SCREEN_RATIO < best.rate and bool(shared)
+                and all(best.seconds_by_flops[f] < probe.seconds_by_flops[f] for f in shared))
+
+    return [layout for layout, probe in probes.items() if not beaten(probe)]
+
+
+def screen_layouts(variants: Mapping[str, tvm.IRModule], config: KorchConfig,
+                   session: CostingSession) -> dict[str, tvm.IRModule]:
+    """`variants` without the layouts the probe finds beaten (`layouts_worth_planning`)."""
+    if len(variants) < 2:
+        return dict(variants)
+    probes = {}
+    for layout, module in variants.items():
+        kernels = stock_kernels(module, config)
+        if len(kernels) < PROBE_MIN_KERNELS:
+            return dict(variants)
+        probe = probe_set(kernels)
+        costs = session.measure({key: kernels[key].module for key in probe})
+        measured = {key: cost.seconds for key, cost in costs.items()
+                    if cost.source in ("measured", "tuned", "log")}
+        probes[layout] = probe_result(kernels, measured) if len(measured) == len(probe) else None
+    kept = layouts_worth_planning(probes)
+    if len(kept) < len(variants):
+        logger.info("layout probe: %s not planned (GFLOP/s on the heaviest kernels: %s)",
+                    ", ".join(layout for layout in variants if layout not in kept),
+                    ", ".join(f"{layout} {probe.rate / 1e9:.1f}"
+                              for layout, probe in probes.items()))
+    return {layout: variants[layout] for layout in kept}

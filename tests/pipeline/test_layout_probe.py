@@ -1,0 +1,96 @@
+"""The layout probe: a layout whose heaviest kernels lose clearly is not planned."""
+
+import pytest
+
+from korch_tvm.config import KorchConfig
+from korch_tvm.costing.kernel_costs import KernelCost
+from korch_tvm.frontend.onnx_import import import_onnx
+from korch_tvm.layout.activations import layout_variants
+from korch_tvm.pipeline import layout_probe
+from korch_tvm.pipeline.layout_probe import (PROBE_MAX_KERNELS, SCREEN_RATIO, Probe,
+                                             StockKernel, layouts_worth_planning, probe_result,
+                                             probe_set, screen_layouts, stock_kernels)
+from test_weight_packing import conv_block_onnx
+
+
+def kernel(flops, uses=1):
+    return StockKernel(None, uses, flops)
+
+
+def test_probe_set_takes_the_heaviest_until_half_the_flops():
+    kernels = {"a": kernel(10), "b": kernel(40), "c": kernel(5, uses=6), "d": kernel(20)}
+    # by FLOPs times uses: b 40, c 30, d 20, a 10 (of 100): b alone is 40 %, b and c 70 %
+    assert probe_set(kernels) == ["b", "c"]
+    many = {f"k{i}": kernel(1) for i in range(40)}
+    assert len(probe_set(many)) == PROBE_MAX_KERNELS
+
+
+def test_probe_counts_each_use_and_keys_kernels_by_flops():
+    kernels = {"a": kernel(1e9, uses=3), "b": kernel(2e9), "c": kernel(2.0004e9)}
+    probe = probe_result(kernels, {"a": 0.01, "b": 0.02, "c": 0.03})
+    # 7e9 FLOPs in 3 * 0.01 + 0.02 + 0.03 s; b and c are one convolution to three digits
+    assert probe.rate == pytest.approx(7.0004e9 / 0.08)
+    assert probe.seconds_by_flops == {1e9: 0.01, 2e9: 0.02}
+
+
+def probe(rate, **seconds):
+    return Probe(rate, {float(flops[1:]): taken for flops, taken in seconds.items()})
+
+
+def test_layouts_worth_planning():
+    fast = probe(200.0, f1=1.0, f2=2.0)
+    assert layouts_worth_planning({"NCHW": probe(100.0, f1=2.0, f2=4.0), "NHWC": fast}) == [
+        "NHWC"]
+    # within the ratio both are planned, and the order is kept
+    close = 200.0 / SCREEN_RATIO + 1
+    assert layouts_worth_planning({"NCHW": probe(close, f1=2.0), "NHWC": fast}) == [
+        "NCHW", "NHWC"]
+    # slower overall, but faster on one convolution (it may win a region): both planned
+    assert layouts_worth_planning({"NCHW": probe(100.0, f1=0.5, f2=4.0), "NHWC": fast}) == [
+        "NCHW", "NHWC"]
+    # no convolution measured in both, or one not measured at all: both planned
+    assert layouts_worth_planning({"NCHW": probe(100.0, f3=2.0), "NHWC": fast}) == [
+        "NCHW", "NHWC"]
+    assert layouts_worth_planning({"NCHW": None, "NHWC": fast}) == ["NCHW", "NHWC"]
+
+
+class ScriptedSession:
+    """Measures each layout's probe in turn at the rate given for it (FLOPs per second);
+    "predicted" for a layout whose rate is None (nothing could measure there)."""
+
+    def __init__(self, rates):
+        self.rates, self.calls = list(rates), []
+
+    def measure(self, modules):
+        from korch_tvm.kernels.kernel_facts import kernel_flops
+
+        rate = self.rates[len(self.calls)]
+        self.calls.append(sorted(modules))
+        return {key: KernelCost(kernel_flops(module) / (rate or 1e9),
+                                "predicted" if rate is None else "measured", 0)
+                for key, module in modules.items()}
+
+
+@pytest.mark.parametrize("rates,kept", [
+    ((50e9, 200e9), ["NHWC"]),
+    ((200e9, 50e9), ["NCHW"]),
+    ((180e9, 200e9), ["NCHW", "NHWC"]),
+    ((None, 200e9), ["NCHW", "NHWC"]),
+])
+def test_screen_layouts_on_a_convolution_block(rates, kept, monkeypatch):
+    variants = layout_variants(import_onnx(conv_block_onnx(32, 28), None), "auto")
+    config = KorchConfig(trials=0)
+    session = ScriptedSession(rates)
+    # three convolutions: a model this small is planned in both layouts unprobed
+    assert list(screen_layouts(variants, config, session)) == ["NCHW", "NHWC"]
+    assert session.calls == []
+    monkeypatch.setattr(layout_probe, "PROBE_MIN_KERNELS", 1)
+    assert list(screen_layouts(variants, config, session)) == kept
+    # each layout's probe: its heaviest stock kernel (the 3x3 convolution) first
+    for layout, measured in zip(variants, session.calls):
+        kernels = stock_kernels(variants[layout], config)
+        assert measured == sorted(probe_set(kernels))
+        assert max(kernels.values(), key=lambda k: k.flops * k.uses).flops in {
+            kernels[key].flops for key in measured}
+        # a 32-channel 3x3 convolution on 28x28 is 2 * 28 * 28 * 32 * 32 * 9 FLOPs
+        assert max(kernels[key].flops for key in measured) >= 2 * 28 * 28 * 32 * 32 * 9
