@@ -3,13 +3,14 @@
 Planning a model with convolutions in both activation layouts measured every kernel either
 plan needed, and on a cold CNN compile about half of the time went to the layout that then
 lost (NCHW, modelled 1.3-3.7x slower than NHWC on 12 of the zoo's 21 convolution models). The
-convolutions decide the contest, so the heaviest stock kernels of each layout (FuseOps'
-groups, by FLOPs times uses, at least `PROBE_FLOP_SHARE` of the model's) are measured first,
-and a layout whose FLOP rate on them is `SCREEN_RATIO` times below the best layout's, and
-which is slower on every convolution both measured, is not planned. A small model, quick to
-plan twice, is not probed. The probe's measurements go into the tuning log, so the plan of
-the layout kept reuses them. Predictions cannot stand in for the probe on a new machine: there
-a fresh log's cost model gives both layouts the same time within 0.1 %.
+convolutions decide much of the contest, so the heaviest stock kernels of each layout
+(FuseOps' groups, by FLOPs times uses, at least `PROBE_FLOP_SHARE` of the model's) are
+measured first, and a layout whose FLOP rate on them is `SCREEN_RATIO` times below the best
+layout's, and which is not that much faster on any convolution both measured, is not planned.
+A small model, quick to plan twice, is not probed. The probe's measurements go into the
+tuning log, so the plan of the layout kept reuses them. Predictions cannot stand in for the
+probe on a new machine: there a fresh log's cost model gives both layouts the same time
+within 0.1 %.
 """
 
 from __future__ import annotations
@@ -88,9 +89,10 @@ def probe_result(kernels: Mapping[str, StockKernel], seconds: Mapping[str, float
 
 def layouts_worth_planning(probes: Mapping[str, Probe | None]) -> list[str]:
     """Every layout but those beaten by the fastest: `SCREEN_RATIO` times below its FLOP rate
-    and slower on every convolution both probes measured (a layout that wins one of them may
-    win a region: layout/regions.py). All of them when a probe is missing (None: a kernel
-    could not be measured) or the probes share no kernel."""
+    and nowhere `SCREEN_RATIO` times faster on a convolution both probes measured (a layout
+    that clearly wins one of them may win a region: layout/regions.py; within that ratio it is
+    a tie, as two measurements of one kernel can differ by a few percent). All of them when a
+    probe is missing (None: a kernel could not be measured) or the probes share no kernel."""
     if any(probe is None or probe.rate <= 0 for probe in probes.values()):
         return list(probes)
     best = max(probes.values(), key=lambda probe: probe.rate)
@@ -98,7 +100,8 @@ def layouts_worth_planning(probes: Mapping[str, Probe | None]) -> list[str]:
     def beaten(probe: Probe) -> bool:
         shared = best.seconds_by_flops.keys() & probe.seconds_by_flops.keys()
         return (probe.rate * SCREEN_RATIO < best.rate and bool(shared)
-                and all(best.seconds_by_flops[f] < probe.seconds_by_flops[f] for f in shared))
+                and all(probe.seconds_by_flops[f] * SCREEN_RATIO > best.seconds_by_flops[f]
+                        for f in shared))
 
     return [layout for layout, probe in probes.items() if not beaten(probe)]
 
