@@ -57,9 +57,9 @@ from collections import Counter
 import tvm
 from tvm import relax
 
-from .primitive_kinds import OPAQUE, op_kind
 from .dead_conv_taps import TrimDeadConvTaps
 from .mutation import mutate_relax_functions
+from .primitive_kinds import OPAQUE, op_kind
 from .rules import LOWERING_RULES, shapes_known
 
 
@@ -163,8 +163,9 @@ def lowering_stats(before: tvm.IRModule, after: tvm.IRModule) -> dict:
 def lower_to_primitives(mod: tvm.IRModule) -> tvm.IRModule:
     """PrimitiveLowering plus the clean-up the primitive graph expects.
 
-    Convolution taps that read only padding are cut first (`dead_conv_taps`). The rules leave alias and unused tuple bindings behind, and constant-only subexpressions
-    (e.g. batch-norm factors computed from parameters) are folded so that they do not become
+    Convolution taps that read only padding are cut first (`dead_conv_taps`). The rules
+    leave alias and unused tuple bindings behind, and constant-only subexpressions (e.g.
+    batch-norm factors computed from parameters) are folded so that they do not become
     primitives of their own.
     """
     return tvm.transform.Sequential([
