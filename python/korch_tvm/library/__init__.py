@@ -20,7 +20,6 @@ from .use_library_gemm import UseLibraryGemm
 __all__ = [
     "ConvSpec", "GemmSpec", "Implementation", "LibraryBuildError", "LibraryExecutable",
     "UseLibraryGemm", "build_blas_extension", "export_library", "implementations_for",
-    "library_calls",
-    "library_dir", "load_blas_extension", "load_cublas_extension", "match_conv",
-    "match_gemm", "self_contained", "set_blas_threads", "time_call",
+    "library_calls", "library_dir", "load_blas_extension", "load_cublas_extension",
+    "match_conv", "match_gemm", "self_contained", "set_blas_threads", "time_call",
 ]
