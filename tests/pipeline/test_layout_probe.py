@@ -7,6 +7,7 @@ from korch_tvm.costing.kernel_costs import KernelCost
 from korch_tvm.frontend.onnx_import import import_onnx
 from korch_tvm.layout.activations import layout_variants
 from korch_tvm.pipeline import layout_probe
+from korch_tvm.pipeline.layout_plan import prepare_layout
 from korch_tvm.pipeline.layout_probe import (PROBE_MAX_KERNELS, SCREEN_RATIO, Probe,
                                              StockKernel, layouts_worth_planning, probe_result,
                                              probe_set, screen_layouts, stock_kernels)
@@ -83,15 +84,18 @@ class ScriptedSession:
 def test_screen_layouts_on_a_convolution_block(rates, kept, monkeypatch):
     variants = layout_variants(import_onnx(conv_block_onnx(32, 28), None), "auto")
     config = KorchConfig(trials=0)
+    prepared = {layout: prepare_layout(variant, config) for layout, variant in variants.items()}
     session = ScriptedSession(rates)
     # three convolutions: a model this small is planned in both layouts unprobed
-    assert list(screen_layouts(variants, config, session)) == ["NCHW", "NHWC"]
+    assert screen_layouts(prepared, session) == prepared
     assert session.calls == []
     monkeypatch.setattr(layout_probe, "PROBE_MIN_KERNELS", 1)
-    assert list(screen_layouts(variants, config, session)) == kept
+    screened = screen_layouts(prepared, session)
+    assert list(screened) == kept
+    assert all(screened[layout] is prepared[layout] for layout in kept)  # handed on as it is
     # each layout's probe: its heaviest stock kernel (the 3x3 convolution) first
     for layout, measured in zip(variants, session.calls):
-        kernels = stock_kernels(variants[layout], config)
+        kernels = stock_kernels(prepared[layout])
         assert measured == sorted(probe_set(kernels))
         assert max(kernels.values(), key=lambda k: k.flops * k.uses).flops in {
             kernels[key].flops for key in measured}

@@ -31,7 +31,7 @@ from ..layout.regions import (MIXED, cheapest_layouts, region_module, split_regi
                               stitched_module, switch_module)
 from ..support import interrupts
 from .korch_costs import Planned, distinct_costs, tune_once
-from .layout_plan import KorchPlan, plan_in_layout
+from .layout_plan import KorchPlan, plan_in_layout, prepare_layout
 from .layout_probe import screen_layouts
 
 logger = logging.getLogger("korch_tvm.passes")
@@ -62,14 +62,18 @@ def plan_korch(mod: tvm.IRModule, config: KorchConfig, *, predict_only: bool = F
     # One session for every layout planned: the log is read once, and a kernel two of them
     # share is costed once, through one runner and builder pool, within one time budget.
 
+    variants, prepared = layout_variants(mod, config.layout), {}
+    if (config.layout == "auto" and len(variants) > 1 and not predict_only
+            and measure_with is None):  # probed first: their lowering is kept for the plans
+        prepared = screen_layouts({layout: prepare_layout(variant, config)
+                                   for layout, variant in variants.items()}, session)
+        variants = {layout: variants[layout] for layout in prepared}
+
     def plan_in(layout, variant, time_budget):
         return plan_in_layout(mod, variant, layout, config.with_changes(time_budget=time_budget),
                               predict_only=predict_only, measure_with=measure_with,
-                              session=session)
+                              session=session, prepared=prepared.pop(layout, None))
 
-    variants = layout_variants(mod, config.layout)
-    if config.layout == "auto" and not predict_only and measure_with is None:
-        variants = screen_layouts(variants, config, session)
     planned = plan_layouts(variants, plan_in, session.seconds_left())
     regions = None
     if config.layout == "auto" and len(planned) == len(LAYOUTS):

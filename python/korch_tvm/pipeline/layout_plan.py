@@ -125,6 +125,14 @@ class Found(NamedTuple):
     storage: StorageModel | None
 
 
+class Prepared(NamedTuple):
+    """A layout's model after operator fission, and its candidates: what both the layout probe
+    and the layout's plan start from (about half of a probe's time on a large CNN)."""
+
+    lowered: tvm.IRModule
+    found: Found
+
+
 class Priced(NamedTuple):
     """The prediction stage's value: a predicted time per kernel, the candidates kept by it,
     their kernels by key, and the in-model / isolated time factor per kernel ({} without)."""
@@ -136,17 +144,15 @@ class Priced(NamedTuple):
 
 
 def plan_in_layout(source: tvm.IRModule, mod: tvm.IRModule, layout: str, config: KorchConfig,
-                   *, predict_only: bool, measure_with, session: CostingSession) -> Planned:
+                   *, predict_only: bool, measure_with, session: CostingSession,
+                   prepared: Prepared | None = None) -> Planned:
     """`plan_korch` for `mod`, which is `source` with its activations in `layout`, costed
     through the compile's `session` (its log, and its seed: predictions and starting points
     from a compatible log), up to tuning. `predict_only` and `measure_with` as in
-    `plan_korch`."""
+    `plan_korch`; `prepared`: `prepare_layout(mod, config)` where the caller has it already
+    (the layout probe)."""
     clock = StageClock()
-    lowered = lower_to_primitives(mod)
-    graph = graph_with_alternatives(lowered, config.substitutions, fast_math=config.fast_math)
-    clock.lap("lowering")
-    found = find_candidates(graph, config)
-    clock.lap("candidates")
+    lowered, found = prepared or prepare_layout(mod, config, clock)
     priced = price_candidates(found, config, session)
     clock.lap("prediction")
     solve = Orchestrator(found, priced, config)
@@ -161,7 +167,7 @@ def plan_in_layout(source: tvm.IRModule, mod: tvm.IRModule, layout: str, config:
           else profiler_measurement(session, priced.predicted, config.time_budget)) as measure:
         costs, first_choice = cost_what_plans_need(
             priced.kept_kernels, priced.predicted, stock_keys,
-            work_anchors(graph, found.candidates, priced.kept, found.kernels.keys), solve,
+            work_anchors(found.graph, found.candidates, priced.kept, found.kernels.keys), solve,
             found.kernels.keys, config, session.tuning_log, measure,
             library_keys={key for key, module in priced.kept_kernels.items()
                           if session.has_library(module)})
@@ -172,6 +178,19 @@ def plan_in_layout(source: tvm.IRModule, mod: tvm.IRModule, layout: str, config:
     return Planned(shares, measured_kernels, costs,
                    Finish(source, mod, layout, lowered, found, priced, solve, costs, clock,
                           config.target, session.tuning_log))
+
+
+def prepare_layout(mod: tvm.IRModule, config: KorchConfig,
+                   clock: StageClock | None = None) -> Prepared:
+    """`mod` lowered to primitives, with `config`'s substitutions offered, and its candidates
+    (`find_candidates`); `clock` gets a lap per stage."""
+    clock = clock or StageClock()
+    lowered = lower_to_primitives(mod)
+    graph = graph_with_alternatives(lowered, config.substitutions, fast_math=config.fast_math)
+    clock.lap("lowering")
+    found = find_candidates(graph, config)
+    clock.lap("candidates")
+    return Prepared(lowered, found)
 
 
 def find_candidates(graph: PrimitiveGraph, config: KorchConfig) -> Found:

@@ -21,12 +21,9 @@ from typing import Mapping, NamedTuple
 
 import tvm
 
-from ..config import KorchConfig
 from ..costing.session import CostingSession
 from ..kernels.kernel_facts import kernel_flops
-from ..lowering.fission import lower_to_primitives
-from ..substitutions.offer import graph_with_alternatives
-from .layout_plan import find_candidates
+from .layout_plan import Prepared
 
 logger = logging.getLogger("korch_tvm.data_layout")
 
@@ -44,10 +41,9 @@ class StockKernel(NamedTuple):
     flops: float  # of one use
 
 
-def stock_kernels(module: tvm.IRModule, config: KorchConfig) -> dict[str, StockKernel]:
-    """The distinct kernels of TVM's fusion groups for `module` (one layout), by key."""
-    found = find_candidates(graph_with_alternatives(lower_to_primitives(module), "off",
-                                                    fast_math=config.fast_math), config)
+def stock_kernels(prepared: Prepared) -> dict[str, StockKernel]:
+    """The distinct kernels of TVM's fusion groups in one layout's candidates, by key."""
+    found = prepared.found
     uses = Counter(found.kernels.keys[i] for i, candidate in enumerate(found.candidates)
                    if candidate.is_stock and found.kernels.keys[i] is not None)
     return {key: StockKernel(found.kernels.modules[key], count,
@@ -106,25 +102,24 @@ def layouts_worth_planning(probes: Mapping[str, Probe | None]) -> list[str]:
     return [layout for layout, probe in probes.items() if not beaten(probe)]
 
 
-def screen_layouts(variants: Mapping[str, tvm.IRModule], config: KorchConfig,
-                   session: CostingSession) -> dict[str, tvm.IRModule]:
-    """`variants` without the layouts the probe finds beaten (`layouts_worth_planning`)."""
-    if len(variants) < 2:
-        return dict(variants)
+def screen_layouts(prepared: Mapping[str, Prepared],
+                   session: CostingSession) -> dict[str, Prepared]:
+    """`prepared` (each layout's `prepare_layout`) without the layouts the probe finds beaten
+    (`layouts_worth_planning`)."""
+    kernels = {layout: stock_kernels(each) for layout, each in prepared.items()}
+    if len(prepared) < 2 or any(len(each) < PROBE_MIN_KERNELS for each in kernels.values()):
+        return dict(prepared)
     probes = {}
-    for layout, module in variants.items():
-        kernels = stock_kernels(module, config)
-        if len(kernels) < PROBE_MIN_KERNELS:
-            return dict(variants)
-        probe = probe_set(kernels)
-        costs = session.measure({key: kernels[key].module for key in probe})
+    for layout, stock in kernels.items():
+        probe = probe_set(stock)
+        costs = session.measure({key: stock[key].module for key in probe})
         measured = {key: cost.seconds for key, cost in costs.items()
                     if cost.source in ("measured", "tuned", "log")}
-        probes[layout] = probe_result(kernels, measured) if len(measured) == len(probe) else None
+        probes[layout] = probe_result(stock, measured) if len(measured) == len(probe) else None
     kept = layouts_worth_planning(probes)
-    if len(kept) < len(variants):
+    if len(kept) < len(prepared):
         logger.info("layout probe: %s not planned (GFLOP/s on the heaviest kernels: %s)",
-                    ", ".join(layout for layout in variants if layout not in kept),
+                    ", ".join(layout for layout in prepared if layout not in kept),
                     ", ".join(f"{layout} {probe.rate / 1e9:.1f}"
                               for layout, probe in probes.items()))
-    return {layout: variants[layout] for layout in kept}
+    return {layout: prepared[layout] for layout in kept}
