@@ -9,8 +9,9 @@ from tvm import relax
 
 from korch_tvm.config import KorchConfig
 from korch_tvm.layout.activations import convert_layout
-from korch_tvm.layout.regions import (MAX_CUT_WIDTH, MIXED, cheapest_layouts, region_module,
-                                      split_regions, stitched_module, switch_module)
+from korch_tvm.layout.regions import (MAX_CUT_WIDTH, MIN_PREDICTED_SAVING, MIXED,
+                                      cheapest_layouts, region_module, split_regions,
+                                      stitched_module, switch_module, worth_stitching)
 from korch_tvm.pipeline.korch import plan_korch, rewrite_plan
 
 from test_activations import activation_transposes, conv_data_layouts, costs_penalising
@@ -231,3 +232,15 @@ def test_a_plan_with_a_layout_per_region_is_traced_to_the_onnx_operators():
     assert traced == [(op, f"{kind} {kind.lower()}{k}") for k in range(6)
                       for op, kind in (("nn.conv2d", "Conv"), ("nn.relu", "Relu"))]
     assert explanation["layout"] == MIXED
+
+
+def test_a_layout_per_region_is_planned_only_where_predicted_to_save_enough():
+    nchw_then_nhwc = [{"NCHW": 1.0, "NHWC": 2.0}, {"NCHW": 2.0, "NHWC": 1.0}]
+    layouts, total = cheapest_layouts(nchw_then_nhwc, [0.1])
+    assert layouts == ("NCHW", "NHWC") and worth_stitching(layouts, total, nchw_then_nhwc)
+    # 2.1 against 3.0 throughout saves 30 %; a switch that leaves less than the margin does not
+    small_gain = 3.0 * (1 - MIN_PREDICTED_SAVING) - 2.0 + 0.01
+    layouts, total = cheapest_layouts(nchw_then_nhwc, [small_gain])
+    assert len(set(layouts)) == 2 and not worth_stitching(layouts, total, nchw_then_nhwc)
+    uniform = [{"NCHW": 1.0, "NHWC": 2.0}] * 2
+    assert not worth_stitching(*cheapest_layouts(uniform, [0.0]), uniform)

@@ -34,6 +34,11 @@ from .activations import LAYOUTS, convert_layout, is_conv2d
 MAX_CUT_WIDTH = 3
 # Regions are at least 1/TARGET_REGIONS of the model: each costs two plans of its own.
 TARGET_REGIONS = 12
+# The saving, as a share of the best single layout's sum of region costs, that a layout per
+# region must be predicted to make before the stitched model is planned: region costs are
+# predictions for pieces of the model, and on the zoo the stitched plan modelled slower than one
+# layout wherever they promised less (bench/results/zoo-probe/mixed-layouts.md).
+MIN_PREDICTED_SAVING = 0.08
 # The layout a compile reports when its regions differ.
 MIXED = "mixed"
 # Axes that take an NCHW tensor to NHWC and back.
@@ -149,6 +154,14 @@ def cheapest_layouts(region_ms: Sequence[Mapping[str, float]], switch_ms: Sequen
                               for path, total in paths.values()), key=lambda entry: entry[1])
                  for layout in LAYOUTS}
     return min(paths.values(), key=lambda entry: entry[1])
+
+
+def worth_stitching(layouts: Sequence[str], total_ms: float,
+                    region_ms: Sequence[Mapping[str, float]]) -> bool:
+    """Whether regions in `layouts` (`cheapest_layouts`: `total_ms` with the switches) differ
+    and are predicted to save at least `MIN_PREDICTED_SAVING` over the best single layout."""
+    single_ms = min(sum(costs[layout] for costs in region_ms) for layout in LAYOUTS)
+    return len(set(layouts)) > 1 and total_ms <= single_ms * (1.0 - MIN_PREDICTED_SAVING)
 
 
 def stitched_module(mod: tvm.IRModule, regions: Sequence[Region], layouts: Sequence[str],

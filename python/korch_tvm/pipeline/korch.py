@@ -28,7 +28,7 @@ from ..kernels.fused import build_partition_module
 from ..kernels.kinds import module_kernel_kinds, plan_kind_times
 from ..layout.activations import LAYOUTS, best_layout, layout_variants, plan_layouts
 from ..layout.regions import (MIXED, cheapest_layouts, region_module, split_regions,
-                              stitched_module, switch_module)
+                              stitched_module, switch_module, worth_stitching)
 from ..support import interrupts
 from .korch_costs import Planned, distinct_costs, tune_once
 from .layout_plan import KorchPlan, plan_in_layout, prepare_layout
@@ -120,9 +120,10 @@ def _plan_region_layouts(mod: tvm.IRModule, config: KorchConfig, session: Costin
                          predict_only: bool, measure_with
                          ) -> tuple[Planned, list[dict]] | None:
     """The model with the layout of each region chosen (layout/regions.py), planned, and what
-    was chosen per region; None when the model has fewer than two regions or one layout is
-    cheapest throughout. Regions and switches are costed without tuning or new measurements
-    (the log, else the cost model): only the stitched model's plan is measured."""
+    was chosen per region; None when the model has fewer than two regions or a layout per
+    region is not predicted to pay (`worth_stitching`). Regions and switches are costed
+    without tuning or new measurements (the log, else the cost model): only the stitched
+    model's plan is measured."""
     folded, regions = split_regions(mod)
     if len(regions) < 2:
         return None
@@ -142,9 +143,11 @@ def _plan_region_layouts(mod: tvm.IRModule, config: KorchConfig, session: Costin
         switch_ms = [0.0 if (module := switch_module(folded, region)) is None
                      else modelled_ms(module, "NCHW") for region in regions[:-1]]
     layouts, total_ms = cheapest_layouts(region_ms, switch_ms)
-    logger.info("layout per region (%d regions): %s, predicted %.3f ms", len(regions),
-                " ".join(layouts), total_ms)
-    if len(set(layouts)) == 1:
+    logger.info("layout per region (%d regions): %s, predicted %.3f ms (one layout: %s)",
+                len(regions), " ".join(layouts), total_ms, ", ".join(
+                    f"{layout} {sum(costs[layout] for costs in region_ms):.3f} ms"
+                    for layout in LAYOUTS))
+    if not worth_stitching(layouts, total_ms, region_ms):
         return None
     stitched = stitched_module(folded, regions, layouts,
                                [variants[layout] for variants, layout in zip(modules, layouts)])
