@@ -88,3 +88,38 @@ def test_the_plan_after_reuse_is_the_plan_solved_afresh(monkeypatch):
     assert reused[2] == expected[2]
     assert math.isclose(sum(p.objective for p in reused[1]),
                         sum(p.objective for p in expected[1]))
+
+
+def test_lazy_costing_settles_the_plan_before_solving_within_memory(monkeypatch, tmp_path):
+    """Solving within the memory limit re-solves a piece per round of kernels it leaves out,
+    so lazy costing first settles the plan without the limit, then goes on within it."""
+    from korch_tvm.costing.tuning_log import TuningLog
+    from korch_tvm.pipeline.korch_costs import cost_what_plans_need
+
+    solve, costs, _ = orchestrator(monkeypatch, memory_limit="stock")
+    priced, keys = solve.priced, solve.found.kernels.keys
+    truth = {key: KernelCost(cost.seconds * 3, "measured", 0) for key, cost in costs.items()}
+    calls, measured = [], set()
+
+    def recording(costs, usable=None, *, within_memory=True):
+        answer = solve(costs, usable, within_memory=within_memory)
+        chosen = {keys[i] for i in answer[2] if keys[i] is not None}
+        calls.append((within_memory, chosen <= measured))
+        return answer
+
+    def measure(modules):
+        measured.update(modules)
+        return {key: truth[key] for key in modules}
+
+    config = KorchConfig(memory_limit="stock", max_subproblem_nodes=8)
+    best, first_choice = cost_what_plans_need(
+        priced.kept_kernels, priced.predicted, set(), {}, recording, keys, config,
+        TuningLog(tmp_path, config.target), measure)
+    limits = [within for within, _ in calls]
+    unlimited = limits.index(True)
+    assert unlimited >= 2 and limits == [False] * unlimited + [True] * (len(limits) - unlimited)
+    # the unlimited rounds end on a measured plan; the limited ones with one
+    assert calls[unlimited - 1][1] and calls[-1][1]
+    assert set(best) == measured and all(best[key] == truth[key] for key in measured)
+    assert solve.memory_rounds == len(limits) - unlimited
+    assert {keys[i] for i in first_choice if keys[i] is not None} <= measured

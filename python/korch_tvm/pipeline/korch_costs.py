@@ -132,18 +132,24 @@ def cost_what_plans_need(kept_kernels, predicted, stock_keys, anchors, solve, ke
     known = {key: cost for key, cost in best.items() if cost.source != "predicted"}
     anchors = _library_apart(anchors, known)
 
-    def solve_on(costs):
-        solution = solve(costs)
-        return solution, [key_of_candidate[i] for i in solution[2]]
+    def lazily(within_memory, known):
+        def solve_on(costs):
+            solution = solve(costs, within_memory=within_memory)
+            return solution, [key_of_candidate[i] for i in solution[2]]
 
-    result = solve_lazily(
-        solve_on, {key: predicted[key] for key in kept_kernels},
-        default_schedule_costs(kept_kernels, known, tuning_log),
-        lambda keys: default_schedule_costs(kept_kernels, _remember(best, measure(keys)),
-                                            tuning_log),
-        config.lazy_margin if math.isfinite(config.prune_margin) else 0.0, anchors)
+        return solve_lazily(
+            solve_on, {key: predicted[key] for key in kept_kernels}, known,
+            lambda keys: default_schedule_costs(kept_kernels, _remember(best, measure(keys)),
+                                                tuning_log),
+            config.lazy_margin if math.isfinite(config.prune_margin) else 0.0, anchors)
+
+    # A solve within the memory limit solves a piece again for each round of kernels it leaves
+    # out (tens per solve on a transformer): the rounds settle the plan without the limit
+    # first, then go on within it, where most of its kernels are measured already.
+    free = lazily(False, default_schedule_costs(kept_kernels, known, tuning_log))
+    result = lazily(True, free.known)
     logger.info("costing: %d of %d kernels measured or logged, plan settled in %d round(s)",
-                len(result.known), len(kept_kernels), result.rounds)
+                len(result.known), len(kept_kernels), free.rounds + result.rounds)
     return best, result.solution[2]
 
 

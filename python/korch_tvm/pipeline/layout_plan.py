@@ -240,7 +240,8 @@ def in_model_factors(tuning_log, kernels: dict[str, tvm.IRModule]) -> dict[str, 
 
 class Orchestrator:
     """`solve(costs, usable)`: (problems, plans, chosen candidates) of one layout's pieces for
-    `costs`, within the stock plan's activation storage when `config.memory_limit` is "stock".
+    `costs`, within the stock plan's activation storage when `config.memory_limit` is "stock"
+    (and `within_memory`, the default, is True).
 
     Each piece's problem and plan are kept by the piece's usable candidates and their prices:
     each lazy-costing round and each memory round changes a few pieces, and the others are
@@ -257,12 +258,13 @@ class Orchestrator:
         self._answers: KeyedMemo[tuple] = KeyedMemo(kept=64)
         self.problems_built = self.memory_rounds = 0
 
-    def __call__(self, costs, usable=None):
+    def __call__(self, costs, usable=None, *, within_memory: bool = True):
         found, keys = self.found, self.found.kernels.keys
         usable = tuple(self.priced.kept if usable is None else usable)
         costs = scaled_costs(costs, self.priced.factors)
         prices = {i: _price(costs, keys[i]) for i in usable}
-        limited = found.storage is not None and self.config.memory_limit == "stock"
+        limited = (within_memory and found.storage is not None
+                   and self.config.memory_limit == "stock")
         return self._answers.get((limited, usable, tuple(prices[i] for i in usable)),
                                  lambda: self._solve(costs, usable, prices, limited))
 
