@@ -46,6 +46,7 @@ import tvm_ffi
 from ..errors import error_summary
 from ..kernels.weight_packing import LAYOUT_FREE_ATTR
 from .cpu_rules import apply_kind_rules
+from .partial_sums import partial_sums, sum_in_parts
 
 logger = logging.getLogger("korch_tvm.cpu_schedule")
 
@@ -239,6 +240,8 @@ def _schedule_block(schedule, block, cores: int, tile_rows: int,
     (where the vector's outer loop divides by it)."""
     if any(iterator.kind not in "SR" for iterator in block.iters):
         return  # an opaque iterator: loop order is not ours to change
+    if (parts := partial_sums(block)) is not None:
+        return sum_in_parts(schedule, block, parts)  # hardly any outputs to spread
     spatial = [iterator.loop_rv for iterator in block.iters if iterator.kind == "S"]
     reduction = [iterator.loop_rv for iterator in block.iters if iterator.kind == "R"]
     vector = None
