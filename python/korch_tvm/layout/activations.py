@@ -26,6 +26,8 @@ TOPI's own definition; and a constant operand of lower rank than the tensor it i
 against (an instance norm's ``(C, 1, 1)`` scale) gets the missing leading unit dimensions, so
 such norms stay in NHWC and a style-transfer model's transposes sit only around its mirror pads
 (imported as call_tir, which no layout rule follows), where Korch can fuse them with the pad.
+A third, a norm over a whole tensor flattened by a reshape (a group norm with one group), is
+computed on the tensor as it is (layout/flat_norms.py).
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ from ..errors import KorchError
 from ..lowering.constant_folding import fold_constants
 from ..lowering.mutation import mutate_relax_functions
 from ..support import interrupts
+from .flat_norms import unflatten_whole_norms
 
 logger = logging.getLogger("korch_tvm.data_layout")
 Result = TypeVar("Result")
@@ -67,7 +70,7 @@ def convert_layout(mod: tvm.IRModule, layout: str) -> tvm.IRModule:
     check_layout(layout)
     if layout not in _CONV_LAYOUTS:
         return fold_constants(mod)
-    folded = fold_constants(mod)  # constant operands become Constants
+    folded = unflatten_whole_norms(fold_constants(mod))  # constant operands become Constants
     friendly = mutate_relax_functions(_LayoutFriendlyForms(folded), folded)
     converted = relax.transform.ConvertLayout({"relax.nn.conv2d": _CONV_LAYOUTS[layout]})(friendly)
     return fold_constants(converted)
