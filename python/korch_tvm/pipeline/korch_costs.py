@@ -118,8 +118,9 @@ def cost_what_plans_need(kept_kernels, predicted, stock_keys, anchors, solve, ke
     What the log holds, TVM's own fusion groups (so the stock plan is always costed for
     real and Korch's plan can never model worse than it) and the kernels with a library
     implementation (`library_keys`: predictions know only TVM's kernels) are looked up or
-    measured first; the rest only when a plan chooses them (lazy_costing). With an infinite
-    margin every kernel is measured up front, which is what full costing means.
+    measured first; the rest only when a plan chooses them (lazy_costing), the plan without
+    the memory limit first, then within it. With an infinite margin every kernel is measured
+    up front, which is what full costing means.
     """
     def measure(keys):
         return measure_modules({key: kept_kernels[key] for key in keys})
@@ -146,11 +147,11 @@ def cost_what_plans_need(kept_kernels, predicted, stock_keys, anchors, solve, ke
     # A solve within the memory limit solves a piece again for each round of kernels it leaves
     # out (tens per solve on a transformer): the rounds settle the plan without the limit
     # first, then go on within it, where most of its kernels are measured already.
-    free = lazily(False, default_schedule_costs(kept_kernels, known, tuning_log))
-    result = lazily(True, free.known)
+    unlimited = lazily(False, default_schedule_costs(kept_kernels, known, tuning_log))
+    limited = lazily(True, unlimited.known)
     logger.info("costing: %d of %d kernels measured or logged, plan settled in %d round(s)",
-                len(result.known), len(kept_kernels), free.rounds + result.rounds)
-    return best, result.solution[2]
+                len(limited.known), len(kept_kernels), unlimited.rounds + limited.rounds)
+    return best, limited.solution[2]
 
 
 def _library_apart(anchors, known) -> dict:
