@@ -19,7 +19,8 @@ import math
 import tvm
 from tvm import relax
 
-from ..lowering.mutation import mutate_relax_functions
+from ..lowering.mutation import bound_values, mutate_relax_functions
+from ..lowering.rules import static_dims
 
 _ELEMENTWISE = {f"relax.{name}" for name in (
     "add", "subtract", "multiply", "divide", "power", "maximum", "minimum", "sqrt", "rsqrt",
@@ -30,11 +31,7 @@ _REDUCTIONS = {f"relax.{name}" for name in ("mean", "variance", "sum", "max", "m
 def unflatten_whole_norms(mod: tvm.IRModule) -> tvm.IRModule:
     """`mod` with every whole-tensor normalization computed on its unflattened tensor (see the
     module docstring), dead flattened chains removed."""
-    values = {}
-    for _, func in mod.functions_items():
-        if isinstance(func, relax.Function):
-            values.update(relax.analysis.get_var2val(func))
-    rewritten = mutate_relax_functions(_Unflatten(mod, values), mod)
+    rewritten = mutate_relax_functions(_Unflatten(mod, bound_values(mod)), mod)
     # the reshape back is now the chain's last value under another name: ConvertLayout
     # follows no such alias, so it goes
     return relax.transform.DeadCodeElimination()(
@@ -51,7 +48,7 @@ class _Unflatten(relax.PyExprMutator):
         call = self.visit_expr_post_order(call)
         if getattr(call.op, "name", None) != "relax.reshape":
             return call
-        source, target = call.args[0], _shape(call.ty)
+        source, target = call.args[0], static_dims(call)
         if not isinstance(source, relax.Var) or target is None or len(target) < 3:
             return call
         rebuilt = _Chain(self, target).rebuild(source)
@@ -67,11 +64,11 @@ class _Chain:
 
     def rebuild(self, var: relax.Var) -> relax.Expr | None:
         rebuilt = self.value(var)
-        return rebuilt if rebuilt is not None and _shape(rebuilt.ty) == self.shape else None
+        return rebuilt if rebuilt is not None and static_dims(rebuilt) == self.shape else None
 
     def value(self, expr: relax.Expr) -> relax.Expr | None:
         if isinstance(expr, tvm.ir.expr.Constant):
-            shape = _shape(expr.ty)
+            shape = static_dims(expr)
             return expr if shape is not None and math.prod(shape) == 1 else None
         if not isinstance(expr, relax.Var) or expr not in self.mutator.values:
             return None
@@ -99,8 +96,8 @@ class _Chain:
 
     def _unflattened(self, call) -> relax.Expr | None:
         """The tensor a reshape to [B, 1, N] flattens, when it has `shape` (B the same)."""
-        source, flat = call.args[0], _shape(call.ty)
-        if (flat is None or len(flat) != 3 or flat[1] != 1 or _shape(source.ty) != self.shape
+        source, flat = call.args[0], static_dims(call)
+        if (flat is None or len(flat) != 3 or flat[1] != 1 or static_dims(source) != self.shape
                 or flat[0] != self.shape[0] or flat[2] != math.prod(self.shape[1:])):
             return None
         return self.mutator.visit_expr(source)  # as the rewritten function names it
@@ -112,10 +109,3 @@ class _Chain:
     def _emit(self, call: relax.Call) -> relax.Var:
         return self.mutator.builder_.emit(call)
 
-
-def _shape(ty) -> list[int] | None:
-    shape = getattr(ty, "shape", None)
-    values = getattr(shape, "values", None)
-    if values is None or not all(isinstance(v, tvm.tirx.IntImm) for v in values):
-        return None
-    return [int(v) for v in values]

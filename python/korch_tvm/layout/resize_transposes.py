@@ -15,7 +15,8 @@ import math
 import tvm
 from tvm import relax
 
-from ..lowering.mutation import mutate_relax_functions
+from ..lowering.mutation import bound_values, mutate_relax_functions
+from ..lowering.rules import static_dims
 
 # The axes of permute_dims that take a resize's layout to the other one.
 _SWITCHES = {("NHWC", (0, 3, 1, 2)): "NCHW", ("NCHW", (0, 2, 3, 1)): "NHWC"}
@@ -24,12 +25,11 @@ _SWITCHES = {("NHWC", (0, 3, 1, 2)): "NCHW", ("NCHW", (0, 2, 3, 1)): "NHWC"}
 def transpose_before_upsampling(mod: tvm.IRModule) -> tvm.IRModule:
     """`mod` with every layout transpose that follows a resize to a larger tensor (its only
     use) moved before the resize."""
-    values, uses = {}, {}
+    uses = {}
     for _, func in mod.functions_items():
         if isinstance(func, relax.Function):
-            values.update(relax.analysis.get_var2val(func))
             relax.analysis.post_order_visit(func, lambda e: _count(e, uses))
-    rewritten = mutate_relax_functions(_MoveTransposes(mod, values, uses), mod)
+    rewritten = mutate_relax_functions(_MoveTransposes(mod, bound_values(mod), uses), mod)
     return relax.transform.DeadCodeElimination()(rewritten)
 
 
@@ -74,12 +74,5 @@ class _MoveTransposes(relax.PyExprMutator):
 
 def _upsamples(resize: relax.Call) -> bool:
     """Whether the resize's output has more elements than its input."""
-    sizes = [_elements(resize.args[0].ty), _elements(resize.ty)]
-    return None not in sizes and sizes[1] > sizes[0]
-
-
-def _elements(ty) -> int | None:
-    values = getattr(getattr(ty, "shape", None), "values", None)
-    if values is None or not all(isinstance(v, tvm.tirx.IntImm) for v in values):
-        return None
-    return math.prod(int(v) for v in values)
+    shapes = [static_dims(resize.args[0]), static_dims(resize)]
+    return None not in shapes and math.prod(shapes[1]) > math.prod(shapes[0])

@@ -12,3 +12,13 @@ def mutate_relax_functions(mutator, mod: tvm.IRModule) -> tvm.IRModule:
         if isinstance(func, relax.Function):
             mutator.builder_.update_func(global_var, mutator.visit_expr(func))
     return mutator.builder_.get()
+
+
+def bound_values(mod: tvm.IRModule) -> dict:
+    """What each variable of the module's Relax functions is bound to (a rewrite that follows
+    a value back through the bindings before it reads this)."""
+    values = {}
+    for _, func in mod.functions_items():
+        if isinstance(func, relax.Function):
+            values.update(relax.analysis.get_var2val(func))
+    return values
