@@ -61,7 +61,6 @@ def plan_korch(mod: tvm.IRModule, config: KorchConfig, *, predict_only: bool = F
                               session=opened)
     # One session for every layout planned: the log is read once, and a kernel two of them
     # share is costed once, through one runner and builder pool, within one time budget.
-
     variants, prepared = layout_variants(mod, config.layout), {}
     if (config.layout == "auto" and len(variants) > 1 and not predict_only
             and measure_with is None):  # probed first: their lowering is kept for the plans

@@ -8,7 +8,8 @@ convolutions decide much of the contest, so the heaviest stock kernels of each l
 measured first, and a layout whose FLOP rate on them is `SCREEN_RATIO` times below the best
 layout's, and which is not that much faster on any convolution both measured, is not planned.
 A small model, quick to plan twice, is not probed. The probe's measurements go into the
-tuning log, so the plan of the layout kept reuses them. Predictions cannot stand in for the
+tuning log, and its lowered graphs and candidates go to the plans, so the plan of a layout
+kept does neither again. Predictions cannot stand in for the
 probe on a new machine: there a fresh log's cost model gives both layouts the same time
 within 0.1 %.
 """
