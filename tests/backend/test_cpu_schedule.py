@@ -246,3 +246,35 @@ def test_a_logged_as_written_record_is_built_with_the_default_schedule(tmp_path)
     funcs = [f for _, f in built.functions_items() if isinstance(f, tvm.tirx.PrimFunc)]
     assert all(f.attrs.get(DEFAULT_SCHEDULE_ATTR, False) for f in funcs)
     assert all("parallel" in loop_kinds(f) for f in funcs)
+
+
+def test_a_bias_read_by_several_blocks_is_not_packed_for_one_of_them():
+    """A bias add inlined into three slices (Swin-T's QKV projection): MetaSchedule's layout
+    rewrite packed the bias for one slice's reads, and the other two read the wrong thirds."""
+    from korch_tvm.kernels.weight_packing import read_by_one_block, with_layout_free
+
+    bias = te.placeholder((48,), name="bias")
+    x = te.placeholder((4, 7, 48), name="x")
+    added = te.compute((4, 7, 48), lambda b, t, j: x[b, t, j] + bias[j], name="added")
+
+    def third(i):
+        return te.compute((4, 7, 16), lambda b, t, j: added[b, t, i * 16 + j], name=f"third{i}")
+
+    func = te.create_prim_func([bias, x, *(third(i) for i in range(3))])
+    mod = tvm.IRModule({"main": with_layout_free(func.with_attr("global_symbol", "main"), [0])})
+    assert read_by_one_block(mod)  # as written, only the add reads the bias
+    forms = default_schedules(mod, TARGET)
+    assert forms and not any(read_by_one_block(form.mod) for form in forms)  # once inlined
+    rng = np.random.default_rng(0)
+    inputs = [rng.standard_normal(shape).astype("float32") for shape in [(48,), (4, 7, 48)]]
+
+    def run(kernel):
+        args = [tvm.runtime.tensor(a) for a in inputs] + [
+            tvm.runtime.tensor(np.zeros((4, 7, 16), "float32")) for _ in range(3)]
+        tvm.compile(kernel, target=TARGET)["main"](*args)
+        return [a.numpy() for a in args[2:]]
+
+    expected = run(mod)
+    for form in forms:
+        for got, want in zip(run(form.mod), expected):
+            np.testing.assert_allclose(got, want, rtol=1e-6)

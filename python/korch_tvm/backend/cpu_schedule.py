@@ -44,7 +44,7 @@ import tvm
 import tvm_ffi
 
 from ..errors import error_summary
-from ..kernels.weight_packing import LAYOUT_FREE_ATTR
+from ..kernels.weight_packing import LAYOUT_FREE_ATTR, read_by_one_block
 from .cpu_rules import apply_kind_rules
 from .partial_sums import partial_sums, sum_in_parts
 
@@ -188,7 +188,8 @@ def _with_packed_weights(schedule, target):
     from tvm.s_tir.meta_schedule.postproc import RewriteLayout
 
     func = schedule.mod["main"]
-    if func.attrs is None or not list(func.attrs.get(LAYOUT_FREE_ATTR, [])):
+    if (func.attrs is None or not list(func.attrs.get(LAYOUT_FREE_ATTR, []))
+            or not read_by_one_block(schedule.mod)):  # packed for one reader, wrong for others
         return schedule
     packed = schedule.copy()
     # Marked as postprocessing: MetaSchedule, seeding its search with this record, replays the

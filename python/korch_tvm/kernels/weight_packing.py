@@ -21,9 +21,13 @@ transform step at run time, which would change the interface users call.
 
 from __future__ import annotations
 
+from collections import Counter
+
 import numpy as np
 import tvm
 from tvm import relax
+
+from .kernel_facts import kernel_blocks
 
 LAYOUT_FREE_ATTR = "layout_free_buffers"
 CALL_TIR = tvm.ir.Op.get("relax.call_tir")
@@ -50,6 +54,20 @@ def layout_free_indices(func: tvm.tirx.PrimFunc) -> tuple[int, ...]:
     if func.attrs is None or LAYOUT_FREE_ATTR not in func.attrs:
         return ()
     return tuple(int(i) for i in func.attrs[LAYOUT_FREE_ATTR])
+
+
+def read_by_one_block(kernel_mod: tvm.IRModule) -> bool:
+    """Whether each layout-free buffer of the kernel's `main` is read by one block at most.
+
+    MetaSchedule's RewriteLayout lays a buffer out for the loops of a block that reads it and
+    rewrites every read of it to that layout: where a bias add is inlined into several blocks
+    that read the bias along other loops (the three slices of Swin-T's QKV projection, each
+    reading its third of it), all but one then read the wrong elements."""
+    func = kernel_mod["main"]
+    names = {str(func.params[i].name) for i in layout_free_indices(func)}
+    readers = Counter(name for block in kernel_blocks(kernel_mod)
+                      for name in {str(region.source.name) for region in block.reads} & names)
+    return all(count <= 1 for count in readers.values())
 
 
 def _call_sites(mod: tvm.IRModule) -> dict:
