@@ -90,16 +90,29 @@ def test_the_plan_after_reuse_is_the_plan_solved_afresh(monkeypatch):
                         sum(p.objective for p in expected[1]))
 
 
-def test_lazy_costing_settles_the_plan_before_solving_within_memory(monkeypatch, tmp_path):
+class Logged:
+    """A tuning log that knows `seconds` of the modules given, by identity."""
+
+    def __init__(self, seconds_by_module=None):
+        self.seconds = seconds_by_module or {}
+
+    def best_seconds(self, module):
+        return self.seconds.get(id(module))
+
+    default_seconds = best_seconds
+
+
+def test_lazy_costing_settles_the_plan_before_solving_within_memory(monkeypatch):
     """Solving within the memory limit re-solves a piece per round of kernels it leaves out,
-    so lazy costing first settles the plan without the limit, then goes on within it."""
-    from korch_tvm.costing.tuning_log import TuningLog
+    so lazy costing first settles the plan without the limit, then goes on within it; a
+    compile whose log holds the plan's kernels solves once, within the limit, and measures
+    nothing."""
     from korch_tvm.pipeline.korch_costs import cost_what_plans_need
 
     solve, costs, _ = orchestrator(monkeypatch, memory_limit="stock")
     priced, keys = solve.priced, solve.found.kernels.keys
     truth = {key: KernelCost(cost.seconds * 3, "measured", 0) for key, cost in costs.items()}
-    calls, measured = [], set()
+    calls, measured, new = [], set(), []
 
     def recording(costs, usable=None, *, within_memory=True):
         answer = solve(costs, usable, within_memory=within_memory)
@@ -108,18 +121,29 @@ def test_lazy_costing_settles_the_plan_before_solving_within_memory(monkeypatch,
         return answer
 
     def measure(modules):
+        new.extend(key for key in modules if key not in measured)
         measured.update(modules)
         return {key: truth[key] for key in modules}
 
     config = KorchConfig(memory_limit="stock", max_subproblem_nodes=8)
-    best, first_choice = cost_what_plans_need(
-        priced.kept_kernels, priced.predicted, set(), {}, recording, keys, config,
-        TuningLog(tmp_path, config.target), measure)
+
+    def compile_once(log):
+        calls.clear()
+        new.clear()
+        return cost_what_plans_need(priced.kept_kernels, priced.predicted, set(), {},
+                                    recording, keys, config, log, measure)
+
+    best, first_choice = compile_once(Logged())
     limits = [within for within, _ in calls]
-    unlimited = limits.index(True)
-    assert unlimited >= 2 and limits == [False] * unlimited + [True] * (len(limits) - unlimited)
+    assert limits[0] and not calls[0][1]  # within the limit, the plan is not measured yet
+    unlimited = limits[1:].index(True) + 1
+    assert unlimited >= 3 and limits[1:] == [False] * (unlimited - 1) + [True] * (
+        len(limits) - unlimited)
     # the unlimited rounds end on a measured plan; the limited ones with one
     assert calls[unlimited - 1][1] and calls[-1][1]
     assert set(best) == measured and all(best[key] == truth[key] for key in measured)
-    assert solve.memory_rounds == len(limits) - unlimited
     assert {keys[i] for i in first_choice if keys[i] is not None} <= measured
+    logged = Logged({id(priced.kept_kernels[key]): truth[key].seconds for key in measured})
+    _, again = compile_once(logged)
+    assert new == [] and [within for within, _ in calls] == [True, True] and calls[0][1]
+    assert again == first_choice

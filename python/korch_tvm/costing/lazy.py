@@ -85,6 +85,16 @@ def calibrated_predictions(predicted: Mapping[str, float], known: Mapping[str, K
     return result
 
 
+def optimistic_costs(calibrated: Mapping[str, float], known: Mapping[str, KernelCost],
+                     margin: float) -> dict[str, KernelCost]:
+    """What a lazy round solves on: `known` costs, and the `calibrated_predictions` of the
+    rest lowered by `margin`."""
+    costs = {key: KernelCost(seconds / (1.0 + margin), "predicted", 0)
+             for key, seconds in calibrated.items()}
+    costs.update(known)
+    return costs
+
+
 def solve_lazily(solve: Callable[[dict[str, KernelCost]], tuple[Solution, Collection[str]]],
                  predicted: Mapping[str, float], known: Mapping[str, KernelCost],
                  measure: Callable[[list[str]], Mapping[str, KernelCost]],
@@ -103,10 +113,7 @@ def solve_lazily(solve: Callable[[dict[str, KernelCost]], tuple[Solution, Collec
     rounds = 0
     while True:
         optimistic = calibrated_predictions(predicted, known, anchors)
-        costs = {key: KernelCost(seconds / (1.0 + margin), "predicted", 0)
-                 for key, seconds in optimistic.items()}
-        costs.update(known)
-        solution, chosen = solve(costs)
+        solution, chosen = solve(optimistic_costs(optimistic, known, margin))
         rounds += 1
         missing = sorted({key for key in chosen if key is not None and key not in known})
         if not missing:

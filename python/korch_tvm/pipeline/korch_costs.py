@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import tvm
 
 from ..costing.kernel_costs import KernelCost, default_schedule_costs
-from ..costing.lazy import solve_lazily
+from ..costing.lazy import calibrated_predictions, optimistic_costs, solve_lazily
 from ..costing.session import CostingSession
 from ..kernels.fused import structural_key
 from ..lowering.primitive_kinds import LINEAR, POOLING_OPS
@@ -133,24 +133,37 @@ def cost_what_plans_need(kept_kernels, predicted, stock_keys, anchors, solve, ke
     known = {key: cost for key, cost in best.items() if cost.source != "predicted"}
     anchors = _library_apart(anchors, known)
 
-    def lazily(within_memory, known):
+    margin = config.lazy_margin if math.isfinite(config.prune_margin) else 0.0
+    predicted = {key: predicted[key] for key in kept_kernels}
+
+    def lazily(within_memory, measured):
         def solve_on(costs):
             solution = solve(costs, within_memory=within_memory)
             return solution, [key_of_candidate[i] for i in solution[2]]
 
         return solve_lazily(
-            solve_on, {key: predicted[key] for key in kept_kernels}, known,
+            solve_on, predicted, measured,
             lambda keys: default_schedule_costs(kept_kernels, _remember(best, measure(keys)),
-                                                tuning_log),
-            config.lazy_margin if math.isfinite(config.prune_margin) else 0.0, anchors)
+                                                tuning_log), margin, anchors)
+
+    def settled(measured) -> bool:
+        """Whether the first round within the memory limit would measure nothing (a compile
+        whose log has every kernel of its plan: it must measure nothing, as before)."""
+        costs = optimistic_costs(calibrated_predictions(predicted, measured, anchors), measured,
+                                 margin)
+        return all(key_of_candidate[i] is None or key_of_candidate[i] in measured
+                   for i in solve(costs)[2])
 
     # A solve within the memory limit solves a piece again for each round of kernels it leaves
-    # out (tens per solve on a transformer): the rounds settle the plan without the limit
-    # first, then go on within it, where most of its kernels are measured already.
-    unlimited = lazily(False, default_schedule_costs(kept_kernels, known, tuning_log))
-    limited = lazily(True, unlimited.known)
+    # out (tens per solve on a transformer): unless the plan is settled already, the rounds
+    # settle it without the limit first, then go on within it, where most of its kernels are
+    # measured already.
+    start = default_schedule_costs(kept_kernels, known, tuning_log)
+    unlimited = None if settled(start) else lazily(False, start)
+    limited = lazily(True, start if unlimited is None else unlimited.known)
+    rounds = limited.rounds + (unlimited.rounds if unlimited else 0)
     logger.info("costing: %d of %d kernels measured or logged, plan settled in %d round(s)",
-                len(limited.known), len(kept_kernels), unlimited.rounds + limited.rounds)
+                len(limited.known), len(kept_kernels), rounds)
     return best, limited.solution[2]
 
 
