@@ -27,9 +27,7 @@ against (an instance norm's ``(C, 1, 1)`` scale) gets the missing leading unit d
 such norms stay in NHWC and a style-transfer model's transposes sit only around its mirror pads
 (imported as call_tir, which no layout rule follows), where Korch can fuse them with the pad.
 A third, a norm over a whole tensor flattened by a reshape (a group norm with one group), is
-computed on the tensor as it is (layout/flat_norms.py). And where ConvertLayout leaves an upsampling
-resize in NHWC with a transpose back to NCHW after it (a segmentation model's output), the
-transpose is moved onto the resize's smaller input (layout/resize_transposes.py).
+computed on the tensor as it is (layout/flat_norms.py).
 """
 
 from __future__ import annotations
@@ -50,7 +48,6 @@ from ..lowering.constant_folding import fold_constants
 from ..lowering.mutation import mutate_relax_functions
 from ..support import interrupts
 from .flat_norms import unflatten_whole_norms
-from .resize_transposes import transpose_before_upsampling
 
 logger = logging.getLogger("korch_tvm.data_layout")
 Result = TypeVar("Result")
@@ -76,7 +73,7 @@ def convert_layout(mod: tvm.IRModule, layout: str) -> tvm.IRModule:
     folded = unflatten_whole_norms(fold_constants(mod))  # constant operands become Constants
     friendly = mutate_relax_functions(_LayoutFriendlyForms(folded), folded)
     converted = relax.transform.ConvertLayout({"relax.nn.conv2d": _CONV_LAYOUTS[layout]})(friendly)
-    return fold_constants(transpose_before_upsampling(converted))
+    return fold_constants(converted)
 
 
 def layout_variants(mod: tvm.IRModule, layout: str) -> dict[str, tvm.IRModule]:
