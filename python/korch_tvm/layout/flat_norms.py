@@ -108,4 +108,3 @@ class _Chain:
 
     def _emit(self, call: relax.Call) -> relax.Var:
         return self.mutator.builder_.emit(call)
-
