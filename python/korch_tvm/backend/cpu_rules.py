@@ -66,7 +66,7 @@ def _padding(schedule, block, context) -> list[int] | None:
     iters = list(block.iters)
     if not any(it.kind == "R" for it in iters) or any(it.kind not in "SR" for it in iters):
         return None
-    extents = [it.dom if isinstance(it.dom, int) else _int(it.dom) for it in iters]
+    extents = [it.dom if isinstance(it.dom, int) else static_extent(it.dom) for it in iters]
     if any(extent is None for extent in extents):
         return None
     spatial = [i for i, it in enumerate(iters) if it.kind == "S"]
@@ -99,7 +99,8 @@ def _reads_weight_along(schedule, block, var) -> bool:
                for region in schedule.get(block.block_rv).reads)
 
 
-def _int(value) -> int | None:
+def static_extent(value) -> int | None:
+    """A loop's or range's extent as a Python int, None where it is not a constant."""
     value = getattr(value, "extent", value)
     return int(value) if isinstance(value, (int, tvm.tirx.IntImm)) else None
 

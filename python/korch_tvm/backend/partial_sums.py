@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 
-import tvm
+from .cpu_rules import static_extent
 
 # A reduction to at most this many values, over at least MIN_REDUCED elements, is summed in
 # parts: as many as the first of PARTS that divides its innermost reduction loop (whole vectors
@@ -30,7 +30,7 @@ def partial_sums(block) -> int | None:
     iters = list(block.iters)
     if not any(it.kind == "R" for it in iters) or any(it.kind not in "SR" for it in iters):
         return None
-    extents = [_int(it.dom) for it in iters]
+    extents = [static_extent(it.dom) for it in iters]
     if any(extent is None for extent in extents):
         return None
     outputs = math.prod(e for it, e in zip(iters, extents) if it.kind == "S")
@@ -55,7 +55,3 @@ def sum_in_parts(schedule, block, parts: int) -> None:
     schedule.vectorize(lane)
     schedule.decompose_reduction(partial, outer[0] if outer else lane)
 
-
-def _int(value) -> int | None:
-    value = getattr(value, "extent", value)
-    return int(value) if isinstance(value, (int, tvm.tirx.IntImm)) else None
