@@ -229,7 +229,10 @@ def test_profiler_records_the_default_measurement_under_its_schedule(tmp_path, k
     applied = tvm.s_tir.Schedule(kernels[name])
     record.trace.apply_to_schedule(applied, remove_postproc=False)
     schedules = default_schedules(kernels[name], TARGET)
-    assert len(log.database.get_all_tuning_records()) == len(schedules)  # every variant logged
+    # every variant logged (a busy machine may time one twice: an implausible time is measured
+    # again, costing/measure.py, and logged beside the first)
+    logged = {str(record.trace) for record in log.database.get_all_tuning_records()}
+    assert len(logged) == len(schedules)
     assert any(tvm_ffi.structural_equal(applied.mod, s.mod) for s in schedules)
 
 
@@ -278,3 +281,42 @@ def test_a_bias_read_by_several_blocks_is_not_packed_for_one_of_them():
     for form in forms:
         for got, want in zip(run(form.mod), expected):
             np.testing.assert_allclose(got, want, rtol=1e-6)
+
+
+@pytest.mark.parametrize("readers", ["slices", "views"])
+def test_a_matmul_read_by_several_outputs_keeps_its_result_for_each(readers):
+    """A projection whose biased result several outputs read: the three slices of Swin-T's QKV
+    projection, or two views of the whole result (SegFormer's reshape beside an offered
+    alternative's reshape of it). The register tile's write-back took the first whole-result
+    reader in and left the other reading a buffer nothing wrote any more, a kernel TVM refuses
+    to build (ill-formed TIR)."""
+    x = te.placeholder((64, 32), name="x")
+    weight = te.placeholder((32, 48), name="weight")
+    bias = te.placeholder((48,), name="bias")
+    k = te.reduce_axis((0, 32), name="k")
+    product = te.compute((64, 48), lambda i, j: te.sum(x[i, k] * weight[k, j], axis=k),
+                         name="product")
+    added = te.compute(product.shape, lambda i, j: product[i, j] + bias[j], name="added")
+
+    def part(p):
+        return te.compute((64, 16), lambda i, j: added[i, p * 16 + j], name=f"part{p}")
+
+    if readers == "slices":
+        outputs = [part(p) for p in range(3)]
+    else:
+        outputs = [te.compute((1, 64, 48), lambda o, i, j: added[i, j], name="view0"),
+                   te.compute((64, 1, 48), lambda i, o, j: added[i, j], name="view1")]
+    func = te.create_prim_func([x, weight, bias, *outputs]).with_attr("global_symbol", "main")
+    forms = default_schedules(tvm.IRModule({"main": func}), TARGET)
+    assert forms
+    rng = np.random.default_rng(0)
+    inputs = [rng.standard_normal(shape).astype("float32") for shape in [(64, 32), (32, 48), (48,)]]
+    result = inputs[0] @ inputs[1] + inputs[2]
+    expected = ([result[:, p * 16:(p + 1) * 16] for p in range(3)] if readers == "slices"
+                else [result[None], result[:, None]])
+    for form in forms:
+        args = [tvm.runtime.tensor(a) for a in inputs] + [
+            tvm.runtime.tensor(np.zeros(want.shape, "float32")) for want in expected]
+        tvm.compile(form.mod, target=TARGET)["main"](*args)
+        for got, want in zip(args[3:], expected):
+            np.testing.assert_allclose(got.numpy(), want, rtol=1e-5, atol=1e-5)

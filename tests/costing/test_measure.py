@@ -76,6 +76,29 @@ def test_tiny_tuning_then_rerun_does_zero_trials(tmp_path, capfd, caplog):
     print(f"tuning: {sum(c.trials for c in costs.values())} trials in {first_run:.1f}s")
 
 
+def test_a_kernel_its_schedules_fail_on_fails_alone(tmp_path, monkeypatch):
+    """An error while scheduling one kernel (once: ill-formed TIR from a register tile's
+    write-back) failed every kernel of its group of 64: 125 of SegFormer-b0's kernels went
+    unmeasured for one bad one. Now only that kernel fails, with the error."""
+    from korch_tvm.costing import default_measurement
+
+    kernels = legalized_kernels(16)
+    real = default_measurement.cpu_default_schedules
+
+    def failing_on_matmul(kernel_mod, target):
+        if kernel_mod is kernels["matmul"]:
+            raise tvm.error.InternalError("TIR is ill-formed: buffer x is used")
+        return real(kernel_mod, target)
+
+    monkeypatch.setattr(default_measurement, "cpu_default_schedules", failing_on_matmul)
+    costs = profile_kernels(kernels, TARGET, TuningLog(tmp_path, TARGET), trials=0,
+                            progress=False)
+    assert costs["matmul"].source == "failed"
+    assert costs["matmul"].error.startswith("not scheduled: TIR is ill-formed")
+    others = [name for name in kernels if name != "matmul"]
+    assert others and all(costs[name].source == "measured" for name in others)
+
+
 def test_broken_kernel_is_costed_as_failed_and_never_crashes(tmp_path, caplog):
     """A kernel that cannot run keeps source "failed" and its error, priced at its prediction
     (costing/failed_costs.py), never infinity."""

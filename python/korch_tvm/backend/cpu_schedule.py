@@ -335,13 +335,15 @@ def _accumulate_in_registers(schedule, block_rv, anchor) -> None:
     """Accumulate a tile in a local buffer, which LLVM keeps in registers, and store it once,
     with the block's elementwise consumers (bias, activation) applied on the way out."""
     write_back = schedule.cache_write(block_rv, 0, "local")
-    for consumer in schedule.get_consumers(write_back):
-        if _domain(schedule, consumer) != _domain(schedule, write_back):
-            continue  # the valid part of a padded tile (cpu_rules.py): inlined, it would not be
+    consumers = schedule.get_consumers(write_back)
+    # A sole reader only: taken into the write-back, one of several would leave the others
+    # reading a buffer nothing writes. A reader over fewer points is the valid part of a padded
+    # tile (cpu_rules.py): inlined, it would not be.
+    if len(consumers) == 1 and _domain(schedule, consumers[0]) == _domain(schedule, write_back):
         try:
-            schedule.reverse_compute_inline(consumer)
+            schedule.reverse_compute_inline(consumers[0])
         except tvm.s_tir.ScheduleError:
-            continue
+            pass
     schedule.reverse_compute_at(write_back, anchor)
     schedule.vectorize(schedule.get_loops(write_back)[-1])
 

@@ -123,15 +123,21 @@ def _measure_schedules(names, schedules_of, commit, target, builder, runner, dea
         if time.perf_counter() >= deadline:
             break
         chunk = names[start:start + group]
+        outcomes = {name: [] for name in chunk}  # name -> [(secs or None, error, trace, role)]
+        variants = []
+        for name in chunk:  # a kernel its schedules fail on fails alone, not its whole chunk
+            try:
+                variants += [(name, *schedule) for schedule in schedules_of(name)]
+            except Exception as err:  # noqa: BLE001 - TVM raises its own error types
+                raise_if_stopped()
+                outcomes[name].append((None, "not scheduled: " + error_summary(str(err)),
+                                       None, "default"))
         try:
-            variants = [(name, *schedule) for name in chunk for schedule in schedules_of(name)]
             built = builder.build([ms.builder.BuilderInput(module, target)
                                    for _, module, _, _ in variants])
         except Exception as err:  # noqa: BLE001 - a builder crash fails this chunk only
             raise_if_stopped()
-            variants = [(name, None, None, "default") for name in chunk]
-            built = [ms.builder.BuilderResult(None, f"builder crashed: {err}") for _ in chunk]
-        outcomes = {name: [] for name in chunk}  # name -> [(secs or None, error, trace, role)]
+            built = [ms.builder.BuilderResult(None, f"builder crashed: {err}") for _ in variants]
         to_run = []
         for (name, module, trace, role), result in zip(variants, built):
             if result.error_msg is not None:
