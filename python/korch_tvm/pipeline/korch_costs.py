@@ -72,13 +72,17 @@ MEMORY_BOUND = "memory-bound"
 
 def work_anchors(graph, candidates, kept, key_of_candidate) -> dict[str, set]:
     """Per kernel key, what carries its work, for lazy costing's calibration: its matmul/conv
-    primitives, else its pooling primitives, else the class of all memory-bound kernels.
+    primitives, else its pooling primitives, else its largest primitive (by output elements),
+    as `(MEMORY_BOUND, node)`.
 
     Pools are anchors of their own because the memory-bound class mispredicts them alike and
     badly, and each kernel holding one would otherwise be found out only when measured, one or
-    two a lazy-costing round (bench/results/HISTORY.md has the measurements). `graph`,
-    `candidates`: the layout's; `kept`: the candidate indices kept after pruning;
-    `key_of_candidate`: each candidate's kernel key (None: no kernel).
+    two a lazy-costing round (bench/results/HISTORY.md has the measurements). So are the other
+    memory-bound kernels' largest primitives: calibrated as one class, the many fused variants
+    around one large transpose or norm (SegFormer's 64x64 maps) each looked 1.6x cheaper than
+    it ran and were measured one a round, 60 rounds; by their largest primitive the first one
+    measured corrects the rest. `graph`, `candidates`: the layout's; `kept`: the candidate
+    indices kept after pruning; `key_of_candidate`: each candidate's kernel key (None: no kernel).
     """
     anchors: dict[str, set] = {}
     for i in kept:
@@ -88,8 +92,19 @@ def work_anchors(graph, candidates, kept, key_of_candidate) -> dict[str, set]:
         nodes = candidates[i].nodes
         linear = {n for n in nodes if graph.nodes[n].kind == LINEAR}
         pools = {n for n in nodes if graph.nodes[n].op_name in POOLING_OPS}
-        anchors.setdefault(key, set()).update(linear or pools or {MEMORY_BOUND})
+        anchors.setdefault(key, set()).update(
+            linear or pools or {(MEMORY_BOUND, _largest(graph, nodes))})
     return anchors
+
+
+def _largest(graph, nodes) -> int:
+    """The node of `nodes` with the most output elements (the lowest id among equals)."""
+    def elements(node):
+        shape = graph.nodes[node].shape
+        static = shape is not None and all(isinstance(dim, int) for dim in shape)
+        return math.prod(shape) if static else 0
+
+    return max(sorted(nodes), key=elements)
 
 
 @contextmanager
