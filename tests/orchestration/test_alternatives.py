@@ -109,3 +109,26 @@ def test_an_alternative_straddling_a_cut_is_left_out():
     pieces = partition_graph(graph, 2)  # 0,1 | 2,3: the replaced 1 and 3 in two pieces
     assert len(pieces) == 2 and not any(p & {4, 5} for p in pieces)
     assert partition_graph(graph, 100) == [frozenset(range(6))]
+
+
+@pytest.mark.parametrize("alternative_cheaper", [True, False])
+def test_offered_kernels_are_marked_and_never_make_a_piece_dearer(alternative_cheaper, monkeypatch):
+    """The program with alternatives is searched from the exact plan without them (its LP is
+    weaker: SegFormer's pieces ran to the time limit), within a node limit; so whatever the
+    limit, a piece never costs more with substitutions on than with them off."""
+    from korch_tvm.orchestration import solver
+
+    costs = ({0: 1e-3, 1: 1e-3, 2: 9e-3, 3: 1e-3, 4: 1e-3, 5: 1e-3} if alternative_cheaper
+             else {0: 1e-3, 1: 1e-3, 2: 1e-3, 3: 1e-3, 4: 1e-3, 5: 9e-3})
+    for node_limit in (solver.ALTERNATIVES_NODE_LIMIT, 0):
+        monkeypatch.setattr(solver, "ALTERNATIVES_NODE_LIMIT", node_limit)
+        _, problems, plans, candidates, _ = _solved(_graph(True), costs)
+        subproblem, plan = problems[0], plans[0]
+        offered = subproblem.problem.offered
+        assert offered == {local for local, i in enumerate(subproblem.candidate_ids)
+                           if candidates[i].nodes & {4, 5}} and offered
+        plain = solve_orchestration(solver._without_offered(subproblem.problem))
+        # without it {0, 1, 2, 3} at 1 + 12 ms or 1 + 4 ms; with it {0, 4, 5} and {3}, 6 ms
+        assert plain.status == "optimal"
+        assert plain.objective == pytest.approx(13e-3 if alternative_cheaper else 5e-3)
+        assert plan.objective == pytest.approx(6e-3 if alternative_cheaper else 5e-3)

@@ -30,6 +30,7 @@ class OrchestrationProblem:
     kernels: tuple[KernelChoice, ...]
     graph_outputs: frozenset[int]
     stock_plan: tuple[int, ...] = ()  # a known feasible plan (TVM's FuseOps groups); may be empty
+    offered: frozenset[int] = frozenset()  # kernels holding an offered alternative's primitive
 
 
 @dataclass(frozen=True)
@@ -38,14 +39,15 @@ class Plan:
 
     chosen: tuple[int, ...]
     objective: float  # sum of the chosen kernels' costs (inf when no plan was found)
-    status: str  # "optimal", "time_limit", "infeasible", ...; never "optimal" when time-limited
+    # "optimal", "time_limit", "node_limit", "infeasible", ...; never "optimal" when limited
+    status: str
     best_bound: float  # proven lower bound on any plan's cost
     gap: float  # (objective - best_bound) / objective
     nodes: int  # branch-and-bound nodes over all solves
     seconds: float
     cycle_cuts: int  # inequalities added to cut off cyclic choices
     stock_objective: float | None  # cost of the stock plan, when one was given
-    warm_start: str | None  # the plan HiGHS had to beat: "stock", "dp" or None
+    warm_start: str | None  # the plan HiGHS had to beat: "stock", "dp", "no alternatives", None
 
 
 def greedy_schedule(problem: OrchestrationProblem, chosen: Iterable[int]) -> tuple[list[int], set[int]]:

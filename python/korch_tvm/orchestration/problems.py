@@ -107,7 +107,9 @@ def orchestration_problems(graph, pieces: Sequence[frozenset[int]], candidates, 
             stock = ()  # a stock group straddles the cut: no stock plan for this piece
         problems.append(Subproblem(piece, ids, OrchestrationProblem(
             num_nodes=len(graph.nodes), kernels=choices, graph_outputs=required,
-            stock_plan=stock)))
+            stock_plan=stock,
+            offered=frozenset(local for local, i in enumerate(ids)
+                              if candidates[i].nodes & offered))))
     return problems
 
 

@@ -13,6 +13,7 @@ nothing about TVM: kernels are sets of primitive ids with a cost.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import time
@@ -42,6 +43,10 @@ _HighsSolver = getattr(highspy, "_Highs", highspy.Highs)
 # and both gap tolerances are set far below any difference between two real plans.
 _RELATIVE_GAP = 1e-7
 _ABSOLUTE_GAP = 1e-9
+# Branch-and-bound nodes the search for a plan using offered alternatives may take per run,
+# beyond the exact plan without them (`_solve`): 2-3 s on SegFormer's largest pieces (about
+# 250 kernels), most of it at the root.
+ALTERNATIVES_NODE_LIMIT = 500
 
 # States the no-recompute DP may visit when it only seeds the program (about 20 ms): on large
 # pieces a bigger budget costs more per solve than HiGHS needs for the whole program, and lazy
@@ -54,7 +59,7 @@ _STATUS_NAMES = {
     highspy.HighsModelStatus.kUnboundedOrInfeasible: "infeasible",
     highspy.HighsModelStatus.kTimeLimit: "time_limit",
     highspy.HighsModelStatus.kIterationLimit: "iteration_limit",
-    highspy.HighsModelStatus.kSolutionLimit: "solution_limit",
+    highspy.HighsModelStatus.kSolutionLimit: "node_limit",  # the one such limit set here
     highspy.HighsModelStatus.kInterrupt: "interrupted",
     highspy.HighsModelStatus.kMemoryLimit: "memory_limit",
     highspy.HighsModelStatus.kNotset: "solver_error",
@@ -125,6 +130,13 @@ def _add_rows(solver: highspy.Highs, rows: ConstraintRows) -> None:
     solver.addRows(rows.count, rows.lower, upper, nonzeros, rows.starts[:-1], rows.indices, rows.values)
 
 
+def _without_offered(problem: OrchestrationProblem) -> OrchestrationProblem:
+    """`problem` with every kernel that holds an offered alternative's primitive left out."""
+    return dataclasses.replace(problem, offered=frozenset(), kernels=tuple(
+        dataclasses.replace(kernel, cost=math.inf) if k in problem.offered else kernel
+        for k, kernel in enumerate(problem.kernels)))
+
+
 def _cost_scale(problem: OrchestrationProblem, usable: Sequence[int]) -> float:
     largest = max((problem.kernels[k].cost for k in usable), default=0.0)
     return 1.0 / largest if largest > 0 else 1.0
@@ -190,9 +202,20 @@ def _solve(
     incumbent, incumbent_cost, warm_start, stock_objective = _warm_start(problem, started + time_limit / 4)
     if not seeded:
         incumbent, incumbent_cost, warm_start = (), math.inf, None
+    node_limit = None
+    if problem.offered and seeded:
+        # Offered alternatives make a tensor computable two ways, which weakens the relaxation:
+        # SegFormer's pieces took thousands of nodes, up to the time limit, where the program
+        # without them takes a few. So the program without them is solved exactly first, and
+        # its plan is the one to beat within ALTERNATIVES_NODE_LIMIT nodes: never worse than
+        # substitutions off, and bounded by nodes, not time (the same answer on any machine).
+        plain = _solve(_without_offered(problem), time_limit, threads, families)
+        if plain.objective < incumbent_cost:
+            incumbent, incumbent_cost, warm_start = plain.chosen, plain.objective, "no alternatives"
+        node_limit = ALTERNATIVES_NODE_LIMIT
     if problem.graph_outputs:
         outcome = _solve_program(problem, families, threads, started + time_limit, incumbent,
-                                 incumbent_cost)
+                                 incumbent_cost, node_limit)
     else:
         outcome = _Outcome("optimal", (), 0.0, 0.0)
     return _plan_of(outcome, time.perf_counter() - started, stock_objective, warm_start)
@@ -205,14 +228,18 @@ def _solve_program(
     deadline: float,
     incumbent: tuple[int, ...],
     incumbent_cost: float,
+    node_limit: int | None = None,
 ) -> _Outcome:
-    """The program on HiGHS with the warm start (`incumbent`, may be empty) as its cutoff."""
+    """The program on HiGHS with the warm start (`incumbent`, may be empty) as its cutoff,
+    within `node_limit` branch-and-bound nodes per run (None: no limit)."""
     usable = [k for k, kernel in enumerate(problem.kernels) if math.isfinite(kernel.cost)]
     rows = orchestration_rows(problem, usable, families)
     if rows is None:
         return _Outcome("infeasible", (), math.inf, math.inf)
     cost_scale = _cost_scale(problem, usable)
     solver = _new_solver(problem, usable, rows, cost_scale, integral=True, threads=threads)
+    if node_limit is not None:
+        solver.setOptionValue("mip_max_nodes", node_limit)
     if incumbent:
         # The warm start enters as a cutoff, not a MIP start: HiGHS 1.16 maps a MIP start into
         # the presolved space without the objective of columns presolve removed, then takes that
@@ -274,7 +301,8 @@ def _read_answer(
     info = solver.getInfo()
     nodes = max(int(info.mip_node_count), 0)
     status = _STATUS_NAMES.get(model_status, solver.modelStatusToString(model_status).lower())
-    bound = info.mip_dual_bound / cost_scale if status in ("optimal", "time_limit") else -math.inf
+    bound = (info.mip_dual_bound / cost_scale if status in ("optimal", "time_limit", "node_limit")
+             else -math.inf)
     if status == "infeasible" or info.primal_solution_status != highspy.kSolutionStatusFeasible:
         return status, bound, None, nodes
     values = np.asarray(solver.getSolution().col_value)
