@@ -9,8 +9,9 @@ from korch_tvm.layout.activations import layout_variants
 from korch_tvm.pipeline import layout_probe
 from korch_tvm.pipeline.layout_plan import prepare_layout
 from korch_tvm.pipeline.layout_probe import (PROBE_MAX_KERNELS, SCREEN_RATIO, Probe,
-                                             StockKernel, layouts_worth_planning, probe_result,
-                                             probe_set, screen_layouts, stock_kernels)
+                                             StockKernel, layout_specific,
+                                             layouts_worth_planning, probe_result, probe_set,
+                                             screen_layouts, stock_kernels)
 from test_weight_packing import conv_block_onnx
 
 
@@ -24,6 +25,19 @@ def test_probe_set_takes_the_heaviest_until_half_the_flops():
     assert probe_set(kernels) == ["b", "c"]
     many = {f"k{i}": kernel(1) for i in range(40)}
     assert len(probe_set(many)) == PROBE_MAX_KERNELS
+
+
+def test_a_kernel_every_layout_shares_is_not_probed():
+    """SegFormer's heaviest kernels are token matmuls, the same kernel in either layout: they
+    made NCHW's probe rate NHWC's, though its plan models 1.6x slower."""
+    matmul, shuffle = kernel(100), kernel(0)
+    kernels = {"NCHW": {"mm": matmul, "conv_nchw": kernel(30), "to_tokens": shuffle},
+               "NHWC": {"mm": matmul, "conv_nhwc": kernel(30)}}
+    specific = layout_specific(kernels)
+    assert specific == {"NCHW": {"conv_nchw": kernel(30), "to_tokens": shuffle},
+                        "NHWC": {"conv_nhwc": kernel(30)}}
+    assert probe_set(specific["NCHW"]) == ["conv_nchw"]
+    assert layout_specific({}) == {}
 
 
 def test_probe_counts_each_use_and_keys_kernels_by_flops():
@@ -94,8 +108,9 @@ def test_screen_layouts_on_a_convolution_block(rates, kept, monkeypatch):
     assert list(screened) == kept
     assert all(screened[layout] is prepared[layout] for layout in kept)  # handed on as it is
     # each layout's probe: its heaviest stock kernel (the 3x3 convolution) first
+    specific = layout_specific({layout: stock_kernels(prepared[layout]) for layout in variants})
     for layout, measured in zip(variants, session.calls):
-        kernels = stock_kernels(prepared[layout])
+        kernels = specific[layout]
         assert measured == sorted(probe_set(kernels))
         assert max(kernels.values(), key=lambda k: k.flops * k.uses).flops in {
             kernels[key].flops for key in measured}
