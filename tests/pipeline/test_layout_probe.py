@@ -28,8 +28,8 @@ def test_probe_set_takes_the_heaviest_until_half_the_flops():
 
 
 def test_a_kernel_every_layout_shares_is_not_probed():
-    """SegFormer's heaviest kernels are token matmuls, the same kernel in either layout: they
-    made NCHW's probe rate NHWC's, though its plan models 1.6x slower."""
+    """LeViT-128S's heaviest kernels are token matmuls, the same kernel in either layout: they
+    brought NCHW's probe rate to 0.8x NHWC's, so NCHW was planned, and lost."""
     matmul, shuffle = kernel(100), kernel(0)
     kernels = {"NCHW": {"mm": matmul, "conv_nchw": kernel(30), "to_tokens": shuffle},
                "NHWC": {"mm": matmul, "conv_nhwc": kernel(30)}}
