@@ -80,9 +80,10 @@ def work_anchors(graph, candidates, kept, key_of_candidate) -> dict[str, set]:
     two a lazy-costing round (bench/results/HISTORY.md has the measurements). So are the other
     memory-bound kernels' largest primitives: calibrated as one class, the many fused variants
     around one large transpose or norm (SegFormer's 64x64 maps) each looked 1.6x cheaper than
-    it ran and were measured one a round, 60 rounds; by their largest primitive the first one
-    measured corrects the rest. `graph`, `candidates`: the layout's; `kept`: the candidate
-    indices kept after pruning; `key_of_candidate`: each candidate's kernel key (None: no kernel).
+    it ran and were measured one a round (85 of 97 rounds); by their largest primitive the
+    first one measured corrects the rest. `graph`, `candidates`: the layout's; `kept`: the
+    candidate indices kept after pruning; `key_of_candidate`: each candidate's kernel key (None:
+    no kernel).
     """
     anchors: dict[str, set] = {}
     for i in kept:
