@@ -76,13 +76,15 @@ def test_matmul_and_conv_accumulate_a_vector_of_outputs(kernels):
 def test_linear_kernels_accumulate_a_register_tile_stored_once_with_their_epilogue(kernels):
     """Matmul and convolutions keep a tile of (up to TILE_ROWS) x one vector of outputs in a local
     buffer; their bias add (and ReLU) is applied as the tile is stored, so no intermediate
-    tensor of the whole output is left."""
+    tensor of the whole output is left (a padded convolution's padded input aside)."""
     linear = {name: mod for name, mod in kernels.items() if "matmul" in name or "conv2d" in name}
     assert len(linear) == 4
     for name, mod in linear.items():
         text = default_schedule(mod, TARGET, pack_weights=False).mod["main"].script()
         assert 'scope="local"' in text and "T.unroll(" in text, name
-        assert text.count("T.sblock_alloc_buffer(") == 1, name  # the accumulators only
+        padded = text.count('T.sblock("pad_temp")')
+        assert padded <= 1, name
+        assert text.count("T.sblock_alloc_buffer(") == 1 + padded, name  # the accumulators
 
 
 def test_weights_are_packed_in_the_order_the_tile_reads_them(kernels):

@@ -4,8 +4,8 @@ reductions accumulated in registers.
 TIR as legalized runs on one thread, one element at a time. Trial budgets are far below the
 number of distinct candidate kernels, so most kernels are never tuned and their default
 schedule decides both the costs the plan is chosen by and the speed of the model. This rule
-inlines every block that can be (padding, a bias add before an activation: each intermediate
-that is not a reduction) and gives every block left:
+inlines every intermediate that is not a reduction (a bias add before an activation), but
+padding that a reduction reads (`kept_padding.py`), and gives every block left:
 
 * its spatial loops outside its reduction loops, and the innermost spatial loop split by the
   largest divisor of its extent up to 16 (one AVX-512 register of float32) and moved innermost,
@@ -46,6 +46,7 @@ import tvm_ffi
 from ..errors import error_summary
 from ..kernels.weight_packing import LAYOUT_FREE_ATTR, read_by_one_block
 from .cpu_rules import apply_kind_rules
+from .kept_padding import padding_read_by_reductions
 from .partial_sums import partial_sums, sum_in_parts
 
 logger = logging.getLogger("korch_tvm.cpu_schedule")
@@ -221,8 +222,9 @@ def inline_injective(func: tvm.tirx.PrimFunc) -> tvm.tirx.PrimFunc:
 
 
 def _inline_injective(schedule, blocks) -> None:
-    """Inline every block that can be (injective, not an output), until none can."""
-    remaining = list(blocks)
+    """Inline every injective block but outputs and kept padding, until none can."""
+    kept = padding_read_by_reductions(schedule, blocks)
+    remaining = [block for block in blocks if schedule.get(block).name_hint not in kept]
     inlined = True
     while inlined:
         inlined = False
