@@ -5,7 +5,7 @@ TIR as legalized runs on one thread, one element at a time. Trial budgets are fa
 number of distinct candidate kernels, so most kernels are never tuned and their default
 schedule decides both the costs the plan is chosen by and the speed of the model. This rule
 inlines every intermediate that is not a reduction (a bias add before an activation), but
-padding that a reduction reads (`kept_padding.py`), and gives every block left:
+the padding of a compute-bound convolution (`kept_padding.py`), and gives every block left:
 
 * its spatial loops outside its reduction loops, and the innermost spatial loop split by the
   largest divisor of its extent up to 16 (one AVX-512 register of float32) and moved innermost,

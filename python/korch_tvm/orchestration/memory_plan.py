@@ -286,12 +286,12 @@ class StorageModel:
 def kernel_workspace_bytes(func: tvm.tirx.PrimFunc) -> int:
     """Bytes a kernel stores whole of its own: intermediates its schedule cannot tile away.
 
-    Injective intermediates inline into their consumers, as the schedules start, but padding
-    that a reduction reads (`backend/kept_padding.py`) is stored whole. A reduction's
-    result (a matmul's, a convolution's) cannot take its epilogue inlined; the schedules
-    compute it tile by tile under its one consumer where that consumer reads it element for
-    element (x * sigmoid(x) reads it twice), and otherwise (a reshape's fused index, a
-    concatenation's channel offset, a broadcast) store it whole.
+    Injective intermediates inline into their consumers, as the schedules start, but the
+    padding kept for a compute-bound convolution (`backend/kept_padding.py`) is stored whole.
+    A reduction's result (a matmul's, a convolution's) cannot take its epilogue inlined; the
+    schedules compute it tile by tile under its one consumer where that consumer reads it
+    element for element (x * sigmoid(x) reads it twice), and otherwise (a reshape's fused
+    index, a concatenation's channel offset, a broadcast) store it whole.
     """
     func = inline_injective(func)
     schedule = tvm.s_tir.Schedule(func)
