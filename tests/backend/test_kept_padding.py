@@ -6,17 +6,12 @@ import pytest
 import tvm
 from tvm import te, topi
 
-from test_cpu_schedule import run_kernel
+from test_cpu_schedule import _te_kernel as module, run_kernel
 from korch_tvm.backend.cpu_schedule import default_schedule, default_schedules
 from korch_tvm.backend.kept_padding import padding_read_by_reductions
 from korch_tvm.orchestration.memory_plan import kernel_workspace_bytes
 
 TARGET = tvm.target.Target({"kind": "llvm", "num-cores": 2})
-
-
-def module(*tensors) -> tvm.IRModule:
-    func = te.create_prim_func(list(tensors)).with_attr("global_symbol", "main")
-    return tvm.IRModule({"main": func})
 
 
 def padded_conv(size: int = 24, channels: int = 48) -> tvm.IRModule:

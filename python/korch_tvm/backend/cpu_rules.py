@@ -105,6 +105,23 @@ def static_extent(value) -> int | None:
     return int(value) if isinstance(value, (int, tvm.tirx.IntImm)) else None
 
 
+def static_size(extents) -> int | None:
+    """The product of `extents` (ranges, or a buffer's dimensions), None where one is not a
+    constant."""
+    total = 1
+    for extent in extents:
+        value = static_extent(extent)
+        if value is None:
+            return None
+        total *= value
+    return total
+
+
+def block_points(block) -> int | None:
+    """The number of points of a block's iteration space (None: not static)."""
+    return static_size(iv.dom for iv in block.iter_vars)
+
+
 def _pads(schedule, block, context) -> bool:
     return _padding(schedule, block, context) is not None
 

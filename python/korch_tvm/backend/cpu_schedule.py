@@ -45,7 +45,7 @@ import tvm_ffi
 
 from ..errors import error_summary
 from ..kernels.weight_packing import LAYOUT_FREE_ATTR, read_by_one_block
-from .cpu_rules import apply_kind_rules
+from .cpu_rules import apply_kind_rules, block_points
 from .kept_padding import padding_read_by_reductions
 from .partial_sums import partial_sums, sum_in_parts
 
@@ -341,24 +341,14 @@ def _accumulate_in_registers(schedule, block_rv, anchor) -> None:
     # A sole reader only: taken into the write-back, one of several would leave the others
     # reading a buffer nothing writes. A reader over fewer points is the valid part of a padded
     # tile (cpu_rules.py): inlined, it would not be.
-    if len(consumers) == 1 and _domain(schedule, consumers[0]) == _domain(schedule, write_back):
+    if len(consumers) == 1 and (block_points(schedule.get(consumers[0]))
+                                == block_points(schedule.get(write_back))):
         try:
             schedule.reverse_compute_inline(consumers[0])
         except tvm.s_tir.ScheduleError:
             pass
     schedule.reverse_compute_at(write_back, anchor)
     schedule.vectorize(schedule.get_loops(write_back)[-1])
-
-
-def _domain(schedule, block_rv) -> int | None:
-    """The number of points of a block's iteration space (None: not static)."""
-    points = 1
-    for iter_var in schedule.get(block_rv).iter_vars:
-        extent = iter_var.dom.extent
-        if not isinstance(extent, tvm.tirx.IntImm):
-            return None
-        points *= int(extent)
-    return points
 
 
 def _extent(schedule, loop) -> int | None:

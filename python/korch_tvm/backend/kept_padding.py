@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import tvm
 
+from .cpu_rules import block_points, static_size
+
 
 # Kept only where the copy is cheap beside the reduction: the padded tensor at most this many
 # times the input (a dilated convolution padded by 12 on a 16 x 16 map would write 6x it)...
@@ -31,11 +33,11 @@ def padding_read_by_reductions(schedule, block_rvs) -> set[str]:
         block = schedule.get(rv)
         if not _pads_with_constant(block):
             continue
-        padded = _points(block)
-        source = _elements(block.reads[0].source.shape) if len(block.reads) == 1 else None
+        padded = block_points(block)
+        source = static_size(block.reads[0].source.shape) if len(block.reads) == 1 else None
         if not padded or not source or padded > MAX_PADDED_GROWTH * source:
             continue
-        work = max((_points(schedule.get(consumer)) or 0 for consumer
+        work = max((block_points(schedule.get(consumer)) or 0 for consumer
                     in schedule.get_consumers(rv) if _reduces(schedule.get(consumer))), default=0)
         if work >= MIN_REDUCTION_PER_ELEMENT * padded:
             kept.add(block.name_hint)
@@ -57,20 +59,6 @@ def _pads_with_constant(block) -> bool:
         return False
     return (isinstance(otherwise, (tvm.tirx.FloatImm, tvm.tirx.IntImm))
             and all(iv.iter_type == tvm.tirx.IterVar.DataPar for iv in block.iter_vars))
-
-
-def _points(block) -> int | None:
-    """Iterations of a block (None: not static)."""
-    return _elements(iv.dom.extent for iv in block.iter_vars)
-
-
-def _elements(extents) -> int | None:
-    total = 1
-    for extent in extents:
-        if not isinstance(extent, tvm.tirx.IntImm):
-            return None
-        total *= int(extent)
-    return total
 
 
 def _reduces(block) -> bool:
