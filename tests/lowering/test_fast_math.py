@@ -91,3 +91,30 @@ def test_stock_path_gets_the_same_arithmetic():
     imported = import_onnx(conv_silu_onnx(), None)
     assert not any(call in tir_text(stock_fusion(imported, TARGET)) for call in LIBM_CALLS)
     assert "T.sigmoid(" in tir_text(stock_fusion(imported, TARGET, fast_math=False))
+
+
+def power_by(exponent, dtype="float32", shape=()):
+    constant = relax.const(np.full(shape, exponent, dtype), dtype)
+    return one_op_module(lambda x: R.power(x, constant), dtype)
+
+
+@pytest.mark.parametrize("exponent", [2.0, 3.0, 4.0])
+def test_small_whole_powers_are_multiplications(exponent):
+    data = np.random.default_rng(1).uniform(-20, 20, (4, 3, 40)).astype("float32")
+    mod = power_by(exponent, shape=(1, 1))
+    fast, exact = legalize_ops(True)(mod), legalize_ops(False)(mod)
+    assert "T.pow(" not in tir_text(fast) and "T.pow(" in tir_text(exact)
+    got, want = run(fast, data), run(exact, data)
+    assert np.max(np.abs(got - want) / np.maximum(np.abs(want), 1e-30)) < 3e-7
+    np.testing.assert_array_equal(got[data == 0], 0.0)
+
+
+@pytest.mark.parametrize("exponent, dtype, shape", [
+    (2.5, "float32", ()),           # not a whole number
+    (5.0, "float32", ()),           # a longer chain than worth writing out
+    (3.0, "float32", (1, 1, 1, 1)),  # broadcasts x to four dimensions
+    (3.0, "float16", ()),
+])
+def test_other_powers_keep_powf(exponent, dtype, shape):
+    mod = power_by(exponent, dtype, shape)
+    assert tir_text(legalize_ops(True)(mod)) == tir_text(legalize_ops(False)(mod))

@@ -1,4 +1,4 @@
-"""Legalization with vectorisable exp, sigmoid, tanh and erf (float32), for both paths.
+"""Legalization with vectorisable exp, sigmoid, tanh, erf and small powers (float32), both paths.
 
 TVM's default legalization of these functions becomes one libm call per element on `llvm`,
 which LLVM cannot vectorise; TOPI's polynomial versions (`fast_exp`, `fast_tanh`, `fast_erf`)
@@ -13,7 +13,8 @@ composite ones too (softmax, GELU, SiLU, ...): the stock path legalizes those wh
 lowers them to primitives first, and both must get the same arithmetic or the comparison between
 them would be about the maths rather than the orchestration. Edge cases: exp flushes to 0 below
 about -88 and overflows to inf above 88.7 (as float32 does anyway), and erf(NaN) is 1, not NaN.
-Other dtypes keep TVM's default legalization.
+Other dtypes keep TVM's default legalization. `power` by a constant 2, 3 or 4 becomes
+multiplications (at most 1.5 ulp from powf); any other exponent keeps powf.
 """
 
 from __future__ import annotations
@@ -99,9 +100,45 @@ def _legalize_fast(op_name: str):
 
 FAST_OPS = tuple(_FAST_RULES)
 
+# Whole exponents written out as multiplications; GELU's tanh form as exported by transformers
+# (`torch.pow(x, 3.0)`) would otherwise call libm's powf once per element of a wide matmul.
+SMALL_POWERS = (2, 3, 4)
+
+
+def _small_power(call: relax.Call) -> int | None:
+    """The exponent of power(x, c) when c is a float32 constant holding 2, 3 or 4 that cannot
+    broadcast x to a larger shape; None otherwise."""
+    x, exponent = call.args
+    if not isinstance(exponent, tvm.ir.expr.Constant) or str(x.ty.dtype) != FLOAT32:
+        return None
+    value = exponent.value.numpy()
+    if value.size != 1 or value.ndim > len(x.ty.shape) or str(value.dtype) != FLOAT32:
+        return None
+    whole = float(value.reshape(()))
+    return int(whole) if whole in SMALL_POWERS else None
+
+
+def _power_by_multiplication(x: te.Tensor, exponent: int) -> te.Tensor:
+    return te.compute(x.shape, lambda *i: _product(x(*i), exponent), name="T_power")
+
+
+def _product(value, exponent: int):
+    squared = value * value
+    return {2: squared, 3: squared * value, 4: squared * squared}[exponent]
+
+
+def _legalize_power(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
+    exponent = _small_power(call)
+    if exponent is None:
+        return tvm.ir.Op.get("relax.power").get_attr("FLegalize")(bb, call)
+    return bb.call_te(_power_by_multiplication, call.args[0], exponent,
+                      primfunc_name_hint="power")
+
 
 def legalize_ops(fast_math: bool = True) -> tvm.transform.Pass:
     """LegalizeOps, with the vectorisable functions above when `fast_math` is on."""
     if not fast_math:
         return relax.transform.LegalizeOps()
-    return relax.transform.LegalizeOps({op: _legalize_fast(op) for op in FAST_OPS})
+    rules = {op: _legalize_fast(op) for op in FAST_OPS}
+    rules["relax.power"] = _legalize_power
+    return relax.transform.LegalizeOps(rules)
