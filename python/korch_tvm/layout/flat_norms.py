@@ -20,7 +20,7 @@ import tvm
 from tvm import relax
 
 from ..lowering.mutation import bound_values, mutate_relax_functions
-from ..lowering.rules import static_dims
+from ..lowering.shapes import static_dims
 
 _ELEMENTWISE = {f"relax.{name}" for name in (
     "add", "subtract", "multiply", "divide", "power", "maximum", "minimum", "sqrt", "rsqrt",

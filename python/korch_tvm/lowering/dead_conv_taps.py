@@ -16,7 +16,7 @@ import tvm
 from tvm import relax
 
 from .mutation import mutate_relax_functions
-from .rules import static_dims
+from .shapes import static_dims
 
 
 def live_tap_range(size: int, out: int, kernel: int, stride: int, dilation: int,

@@ -9,6 +9,9 @@ import math
 import tvm
 from tvm import relax
 
+from .separable_resize import lower_resize2d
+from .shapes import static_dims
+
 R = relax.op
 
 
@@ -30,28 +33,6 @@ def _normalized_axes(axes, ndim: int) -> list[int]:
     if isinstance(axes, (int, tvm.tirx.IntImm)):
         axes = [axes]
     return sorted(int(axis) % ndim for axis in axes)
-
-
-def shapes_known(call: relax.Call) -> bool:
-    """Whether every argument of `call` has a known shape (symbolic is fine).
-
-    Rules resolve axes and align parameters from shapes, so a call without them is kept.
-    """
-    return all(
-        isinstance(arg.ty, relax.TensorType) and isinstance(arg.ty.shape, relax.ShapeExpr)
-        for arg in call.args
-    )
-
-
-def static_dims(expr: relax.Expr) -> list[int] | None:
-    """The tensor's shape as Python ints, or None when any dimension is symbolic or unknown."""
-    shape = expr.ty.shape
-    if shape is None or not isinstance(shape, relax.ShapeExpr):
-        return None
-    dims = list(shape.values)
-    if not all(isinstance(dim, tvm.tirx.IntImm) for dim in dims):
-        return None
-    return [int(dim) for dim in dims]
 
 
 def _aligned_to_axes(bb, param: relax.Expr, ndim: int, axes: list[int], name: str) -> relax.Expr:
@@ -323,4 +304,5 @@ LOWERING_RULES = {
     "relax.nn.softplus": _softplus,
     "relax.split": _split,
     "relax.nn.dropout": _dropout,
+    "relax.image.resize2d": lower_resize2d,
 }
