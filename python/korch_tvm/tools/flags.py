@@ -95,8 +95,9 @@ FLAGS: dict[str, Flag] = {flag.name: flag for flag in (
              "(default: every available core)"), "num_threads"),
     Flag(("--exact-math",), dict(
         dest="fast_math", action="store_false",
-        help="legalize exp/sigmoid/tanh/erf to TVM's per-element libm calls instead of "
-             "vectorisable polynomials (within 4e-7 relative); applies to both paths"),
+        help="legalize exp/sigmoid/tanh/erf (and powers 2-4) to TVM's per-element libm "
+             "calls instead of vectorisable polynomials (within 4e-7 relative) and "
+             "multiplications; applies to both paths"),
          "fast_math"),
     Flag(("--layout",), dict(choices=LAYOUT_CHOICES, default="auto", help=_LAYOUT_HELP),
          "layout"),
