@@ -17,6 +17,8 @@ the padding of a compute-bound convolution (`kept_padding.py`), and gives every 
   feeds that many multiply-adds into accumulators held in registers (a local buffer), which
   are stored once per tile with the block's elementwise consumers (bias, activation) applied
   (bench/default_schedule.py compares it with the same rule without tiles);
+* for a block that writes its largest input transposed, the loop over that input's innermost
+  dimension just outside the vector (`transposed_reads.py`);
 * its leading spatial loops fused and run in parallel, as many as give each core at least
   `ITERATIONS_PER_CORE` iterations to balance;
 * for vectorized reductions, the initialisation split off into its own loop nest, so the
@@ -48,6 +50,7 @@ from ..kernels.weight_packing import LAYOUT_FREE_ATTR, read_by_one_block
 from .cpu_rules import apply_kind_rules, block_points
 from .kept_padding import padding_read_by_reductions
 from .partial_sums import partial_sums, sum_in_parts
+from .transposed_reads import transposed_loop
 
 logger = logging.getLogger("korch_tvm.cpu_schedule")
 
@@ -252,6 +255,8 @@ def _schedule_block(schedule, block, cores: int, tile_rows: int,
         width = _vector_width(_extent(schedule, spatial[-1]))
         if width is not None:
             spatial[-1], vector = schedule.split(spatial[-1], [None, width])
+    if not reduction and (moved := transposed_loop(schedule, block)) is not None:
+        spatial = spatial[:moved] + spatial[moved + 1:-1] + [spatial[moved], spatial[-1]]
     tile = []
     if tile_rows and reduction and vector is not None:
         spatial, tile = _register_tile(schedule, block, spatial, tile_rows)
