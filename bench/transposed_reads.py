@@ -35,15 +35,25 @@ def kernels() -> dict:
         xs = [te.placeholder((1, size, size, channels), name=f"x{i}") for i in range(parts)]
         return module(*xs, topi.transpose(topi.concatenate(xs, axis=3), (0, 3, 1, 2)))
 
+    def concat_to_nhwc(size, channels, parts):
+        """SegFormer's head in an NHWC plan: one part as tokens, the resized ones in NCHW."""
+        tokens = te.placeholder((1, size * size, channels), name="tokens")
+        xs = [te.placeholder((1, channels, size, size), name=f"x{i}") for i in range(parts - 1)]
+        nhwc = [topi.reshape(tokens, (1, size, size, channels))]
+        nhwc += [topi.transpose(x, (0, 2, 3, 1)) for x in xs]
+        return module(tokens, *xs, topi.concatenate(nhwc, axis=3))
+
     return {
         "NHWC -> NCHW 256x256x21 (segmentation output)": transpose((1, 256, 256, 21),
                                                                    (0, 3, 1, 2)),
         "NHWC -> NCHW 56x56x64": transpose((1, 56, 56, 64), (0, 3, 1, 2)),
         "NCHW -> NHWC 64x56x56": transpose((1, 64, 56, 56), (0, 2, 3, 1)),
+        "NCHW -> NHWC 1024x64x64": transpose((1, 1024, 64, 64), (0, 2, 3, 1)),
         "NCHW -> NHWC 3x224x224 (model input)": transpose((1, 3, 224, 224), (0, 2, 3, 1)),
         "(1,128,12,64) -> (1,12,64,128) (attention K^T)": transpose((1, 128, 12, 64),
                                                                     (0, 2, 3, 1)),
-        "4 x 64x64x256 concat -> NCHW (SegFormer head)": concat_to_nchw(64, 256, 4),
+        "4 x 64x64x256 concat -> NCHW": concat_to_nchw(64, 256, 4),
+        "4 x 64x64x256 concat -> NHWC (SegFormer head)": concat_to_nhwc(64, 256, 4),
     }
 
 

@@ -1,5 +1,6 @@
-"""A kernel that writes its input transposed loops over the input's innermost dimension just
-outside the vector, so each vector of outputs reads a tile of the input that stays in cache."""
+"""A kernel that writes its input transposed loops over the input's innermost dimension between
+the vector and the vector's outer loop, so each tile of outputs reads a patch of the input that
+stays in cache."""
 
 import numpy as np
 import pytest
@@ -37,12 +38,12 @@ def moved_position(mod: tvm.IRModule) -> int | None:
 
 def test_nhwc_to_nchw_sweeps_the_channels_inside_each_row():
     """Output (n, c, y, x): the channel loop, outermost in the output's order, runs inside
-    the parallel rows, around the 4 x 16 columns."""
+    the parallel rows and the 4 vectors of each row, around the 16 columns of a vector."""
     x = te.placeholder((1, 64, 64, 5), name="x")
     mod = module(x, topi.transpose(x, (0, 3, 1, 2)))
     assert moved_position(mod) == 0  # of (c, y, x): n, of extent 1, has no loop
     scheduled = default_schedule(mod, TARGET).mod
-    assert loop_extents(scheduled) == [64, 5, 4, 16]
+    assert loop_extents(scheduled) == [64, 4, 5, 16]
     data = np.random.default_rng(0).standard_normal((1, 64, 64, 5)).astype("float32")
     np.testing.assert_array_equal(run(scheduled, [data], (1, 5, 64, 64)),
                                   data.transpose(0, 3, 1, 2))
@@ -52,11 +53,24 @@ def test_a_concat_into_nchw_gets_the_same_order():
     parts = [te.placeholder((1, 32, 32, 4), name=f"x{i}") for i in range(3)]
     mod = module(*parts, topi.transpose(topi.concatenate(parts, axis=3), (0, 3, 1, 2)))
     scheduled = default_schedule(mod, TARGET).mod
-    assert loop_extents(scheduled) == [32, 12, 2, 16]
+    assert loop_extents(scheduled) == [32, 2, 12, 16]
     rng = np.random.default_rng(1)
     data = [rng.standard_normal((1, 32, 32, 4)).astype("float32") for _ in parts]
     np.testing.assert_array_equal(run(scheduled, data, (1, 12, 32, 32)),
                                   np.concatenate(data, axis=3).transpose(0, 3, 1, 2))
+
+
+def test_nchw_to_nhwc_sweeps_the_columns_inside_each_vector_of_channels():
+    """Output (n, y, x, c): the column loop goes inside the 2 vectors of channels, so 16
+    channel rows of the input are read along the columns while they are in cache."""
+    x = te.placeholder((1, 32, 16, 16), name="x")
+    mod = module(x, topi.transpose(x, (0, 2, 3, 1)))
+    assert moved_position(mod) == 1
+    scheduled = default_schedule(mod, TARGET).mod
+    assert loop_extents(scheduled) == [32, 16, 16]  # (y, vectors of c) fused, x, 16 lanes
+    data = np.random.default_rng(2).standard_normal((1, 32, 16, 16)).astype("float32")
+    np.testing.assert_array_equal(run(scheduled, [data], (1, 16, 16, 32)),
+                                  data.transpose(0, 2, 3, 1))
 
 
 def _elementwise():
@@ -64,10 +78,10 @@ def _elementwise():
     return module(a, b, topi.add(a, b))
 
 
-def _nchw_to_nhwc():
-    """The input's innermost dimension (width) is already walked next to the vector."""
-    x = te.placeholder((1, 4, 8, 32), name="x")
-    return module(x, topi.transpose(x, (0, 2, 3, 1)))
+def _heads_first():
+    """(tokens, heads, d) -> (heads, tokens, d): the innermost dimension stays innermost."""
+    x = te.placeholder((1, 16, 4, 32), name="x")
+    return module(x, topi.transpose(x, (0, 2, 1, 3)))
 
 
 def _matmul():
@@ -76,6 +90,6 @@ def _matmul():
     return module(a, b, te.compute((16, 16), lambda i, j: te.sum(a[i, k] * b[k, j], axis=k)))
 
 
-@pytest.mark.parametrize("make", [_elementwise, _nchw_to_nhwc, _matmul])
+@pytest.mark.parametrize("make", [_elementwise, _heads_first, _matmul])
 def test_kernels_that_read_along_their_output_keep_its_order(make):
     assert moved_position(make()) is None

@@ -18,7 +18,7 @@ the padding of a compute-bound convolution (`kept_padding.py`), and gives every 
   are stored once per tile with the block's elementwise consumers (bias, activation) applied
   (bench/default_schedule.py compares it with the same rule without tiles);
 * for a block that writes its largest input transposed, the loop over that input's innermost
-  dimension just outside the vector (`transposed_reads.py`);
+  dimension between the vector and its outer loop (`transposed_reads.py`);
 * its leading spatial loops fused and run in parallel, as many as give each core at least
   `ITERATIONS_PER_CORE` iterations to balance;
 * for vectorized reductions, the initialisation split off into its own loop nest, so the
@@ -255,8 +255,9 @@ def _schedule_block(schedule, block, cores: int, tile_rows: int,
         width = _vector_width(_extent(schedule, spatial[-1]))
         if width is not None:
             spatial[-1], vector = schedule.split(spatial[-1], [None, width])
-    if not reduction and (moved := transposed_loop(schedule, block)) is not None:
-        spatial = spatial[:moved] + spatial[moved + 1:-1] + [spatial[moved], spatial[-1]]
+    if not reduction and vector is not None and (
+            moved := transposed_loop(schedule, block)) is not None:
+        spatial = spatial[:moved] + spatial[moved + 1:-1] + [spatial[-1], spatial[moved]]
     tile = []
     if tile_rows and reduction and vector is not None:
         spatial, tile = _register_tile(schedule, block, spatial, tile_rows)
