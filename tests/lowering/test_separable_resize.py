@@ -6,7 +6,7 @@ import tvm
 from tvm import relax
 
 from korch_tvm.lowering.fission import count_operators, lower_to_primitives
-from korch_tvm.lowering.separable_resize import interpolation_tables
+from korch_tvm.lowering.separable_resize import MANY_CHANNELS, interpolation_tables
 
 R = relax.op
 TARGET = tvm.target.Target({"kind": "llvm", "num-cores": 2})
@@ -46,7 +46,7 @@ def test_tables_of_an_upsampling_by_sixteen():
     ("NCHW", (1, 5, 16, 12), (48, 40)),    # up, by different factors per axis
     ("NHWC", (2, 16, 12, 5), (48, 40)),
     ("NCHW", (1, 3, 30, 20), (7, 9)),      # down
-    ("NHWC", (1, 1, 1, 8), (16, 16)),      # a 1x1 map spread over 16x16 (an ASPP pooling branch)
+    ("NHWC", (1, 1, 1, 8), (16, 16)),      # a 1x1 map spread over 16x16
 ])
 def test_lowered_resize_equals_topi(mode, layout, shape, size):
     mod = resize_module(shape, size, layout, coordinate_transformation_mode=mode)
@@ -74,3 +74,11 @@ def test_other_resizes_stay_one_primitive(attrs, dtype):
     lowered = lower_to_primitives(resize_module((1, 3, 8, 8), (16, 16), dtype=dtype, **attrs))
     assert count_operators(lowered)["relax.image.resize2d"] == 1
     assert count_operators(lowered)["relax.take"] == 0
+
+
+@pytest.mark.parametrize("layout, shape", [("NCHW", (1, MANY_CHANNELS, 8, 8)),
+                                           ("NHWC", (1, 8, 8, MANY_CHANNELS))])
+def test_a_resize_of_many_channels_stays_one_primitive(layout, shape):
+    """Its kernel can run the vector along the channels, so there is nothing to split."""
+    lowered = lower_to_primitives(resize_module(shape, (16, 16), layout))
+    assert count_operators(lowered)["relax.image.resize2d"] == 1
