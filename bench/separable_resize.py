@@ -1,6 +1,7 @@
 """Time a bilinear resize as one kernel and as the two passes of lowering/separable_resize.py.
 
-    .venv/bin/python bench/separable_resize.py [--threads 2] [--out bench/results/separable-resize.txt]
+    .venv/bin/python bench/separable_resize.py [--threads 2]
+        [--out bench/results/separable-resize.txt]
 
 The shapes are the segmentation heads' final upsampling (DeepLabv3 and LR-ASPP on MobileNetV3,
 21 classes to 256x256), with the transpose back to the model's NCHW that an NHWC plan ends

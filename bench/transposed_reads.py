@@ -1,7 +1,8 @@
 """Time kernels that write their input transposed, in the output's loop order and with the loop
 over the input's innermost dimension moved inside (backend/transposed_reads.py).
 
-    .venv/bin/python bench/transposed_reads.py [--threads 2] [--out bench/results/transposed-reads.txt]
+    .venv/bin/python bench/transposed_reads.py [--threads 2]
+        [--out bench/results/transposed-reads.txt]
 
 Each kernel is built from TOPI and scheduled by every form `default_schedules` measures;
 "output order" is the rule as it was before (restored by stubbing out `transposed_loop`),

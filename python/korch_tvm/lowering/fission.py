@@ -32,9 +32,9 @@ Conv (+bias)               nn.conv2d, reshape, add (linear + elementwise)      k
                                                                                only padding cut
 ConvTranspose (+bias)      nn.conv2d_transpose, reshape, add                   kept
 Gemm / MatMul              permute_dims, matmul, (multiply), add               kept
-Resize (linear)            image.resize2d (layout kind)                        lowered to a pass per
+Resize (linear, < 32 ch.)  image.resize2d (layout kind)                        lowered to a pass per
                                                                                axis (take, mul, add)
-Resize (nearest, cubic)    image.resize2d (layout kind)                        kept
+Resize (other)             image.resize2d (layout kind)                        kept
 MaxPool / AveragePool      nn.max_pool2d / nn.avg_pool2d (reduce kind)         kept
 GlobalAveragePool          mean                                                kept
 Concat, Transpose          concat, permute_dims                                kept
@@ -46,11 +46,12 @@ Einsum                     call_tir                                            k
 
 Composite Relax ops that a hand-written module may use are lowered too: ``nn.silu``,
 ``nn.selu``, ``nn.softplus``, ``nn.instance_norm``, ``variance`` and ``std``.
-A linear ``image.resize2d`` becomes a pass along the width and one along the height
-(``separable_resize.py``): one kernel gathers four scattered pixels per output lane, the two
-passes read whole rows. Composite ops left opaque, and why: ``nn.attention`` is not
-produced by the ONNX importer for these models (BERT arrives as MatMul/Softmax); ``call_tir`` is already TIR; ``topk``, ``sort``, ``cumsum`` and ``einsum`` have
-no primitive decomposition worth searching. ``relax.op.linear`` is a Python helper that already
+A linear ``image.resize2d`` of few channels becomes a pass along the width and one along the
+height (``separable_resize.py``): one kernel gathers four scattered pixels per output lane, the
+two passes read whole rows. Composite ops left opaque, and why: ``nn.attention`` is not
+produced by the ONNX importer for these models (BERT arrives as MatMul/Softmax); ``call_tir``
+is already TIR; ``topk``, ``sort``, ``cumsum`` and ``einsum`` have no primitive decomposition
+worth searching. ``relax.op.linear`` is a Python helper that already
 emits ``permute_dims`` + ``matmul`` + ``add``, so there is no ``relax.linear`` op to lower.
 """
 
