@@ -5,8 +5,8 @@ from the element's coordinates; on `llvm` the vector lanes of a row then read sc
 addresses, which LLVM emits as one scalar load and insert per lane. Split by axis, the pass
 along the height reads whole rows (one row index per output row, the same for every lane) and
 the pass along the width runs at the input's height, where there are far fewer elements:
-upsampling a 21-channel 16x16 map to 256x256 took 2.1 ms as one kernel and 0.18 ms as the two
-passes in NCHW, 2.4 and 0.45 ms in NHWC with the transpose to NCHW after it
+upsampling a 21-channel 16x16 map to 256x256 took 2.0 ms as one kernel and 0.16 ms as the two
+passes in NCHW, 1.5 and 0.42 ms in NHWC with the transpose to NCHW after it
 (bench/results/separable-resize.txt). Each pass is `take` of the two neighbouring
 rows or columns and a weighted sum, with index and weight tables computed here as TOPI computes
 them, in the same float32 steps and in the same order (width blends first), so the values match
