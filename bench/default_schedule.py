@@ -82,6 +82,32 @@ def run(mod, target, seed: int = 0):
     return min(timer(*args).results), args[-1].numpy()
 
 
+def fastest(mod, target, reference) -> float:
+    """Best seconds over every form `default_schedules` gives `mod`, each checked."""
+    import numpy as np
+
+    from korch_tvm.backend.cpu_schedule import default_schedules
+
+    best = float("inf")
+    for schedule in default_schedules(mod, target):
+        seconds, output = run(schedule.mod, target)
+        np.testing.assert_allclose(output, reference, rtol=1e-4, atol=1e-4)
+        best = min(best, seconds)
+    return best
+
+
+def fastest_with_and_without(mod, target, rule: str, stubbed_result) -> tuple[float, float]:
+    """(seconds with `rule`, a function of the default schedule named by its import path,
+    stubbed out to return `stubbed_result`; seconds with it as it is): `fastest` each way,
+    both checked against the unscheduled kernel."""
+    from unittest import mock
+
+    _, reference = run(mod, target)
+    with mock.patch(rule, lambda *_: stubbed_result):
+        without = fastest(mod, target, reference)
+    return without, fastest(mod, target, reference)
+
+
 def arguments(doc: str, argv=None) -> argparse.Namespace:
     """--threads (also set as TVM's thread count, before TVM starts its pool) and --out."""
     parser = argparse.ArgumentParser(description=doc.splitlines()[0])

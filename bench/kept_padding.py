@@ -14,9 +14,7 @@ every form are checked against the unscheduled kernel.
 
 from __future__ import annotations
 
-from unittest import mock
-
-from default_schedule import arguments, run, write_table
+from default_schedule import arguments, fastest_with_and_without, write_table
 
 
 def kernels() -> dict:
@@ -66,20 +64,6 @@ def kernels() -> dict:
     }
 
 
-def fastest(mod, target, reference) -> float:
-    """Best seconds over every form `default_schedules` gives `mod`, each checked."""
-    import numpy as np
-
-    from korch_tvm.backend.cpu_schedule import default_schedules
-
-    best = float("inf")
-    for schedule in default_schedules(mod, target):
-        seconds, output = run(schedule.mod, target)
-        np.testing.assert_allclose(output, reference, rtol=1e-4, atol=1e-4)
-        best = min(best, seconds)
-    return best
-
-
 def main(argv=None) -> int:
     args = arguments(__doc__, argv)
 
@@ -89,11 +73,8 @@ def main(argv=None) -> int:
     lines = [f"{'kernel':52s} {'inlined ms':>11s} {'kept ms':>8s} {'speed-up':>8s}   "
              f"(fastest form of each; target {target}, {args.threads} threads)"]
     for name, mod in kernels().items():
-        _, reference = run(mod, target)
-        with mock.patch("korch_tvm.backend.cpu_schedule.padding_read_by_reductions",
-                        lambda *_: set()):
-            inlined = fastest(mod, target, reference)
-        kept = fastest(mod, target, reference)
+        inlined, kept = fastest_with_and_without(
+            mod, target, "korch_tvm.backend.cpu_schedule.padding_read_by_reductions", set())
         lines.append(f"{name:52s} {inlined * 1e3:11.3f} {kept * 1e3:8.3f} {inlined / kept:7.2f}x")
         print(lines[-1], flush=True)
     write_table(lines, args.out)

@@ -12,11 +12,7 @@ calls) and their ratio; every form's output is checked against the unscheduled k
 
 from __future__ import annotations
 
-from unittest import mock
-
-from kept_padding import fastest
-
-from default_schedule import arguments, run, write_table
+from default_schedule import arguments, fastest_with_and_without, write_table
 
 
 def kernels() -> dict:
@@ -67,10 +63,8 @@ def main(argv=None) -> int:
     lines = [f"{'kernel':48s} {'output order ms':>15s} {'moved ms':>9s} {'speed-up':>8s}   "
              f"(fastest form of each; target {target}, {args.threads} threads)"]
     for name, mod in kernels().items():
-        _, reference = run(mod, target)
-        with mock.patch("korch_tvm.backend.cpu_schedule.transposed_loop", lambda *_: None):
-            before = fastest(mod, target, reference)
-        after = fastest(mod, target, reference)
+        before, after = fastest_with_and_without(
+            mod, target, "korch_tvm.backend.cpu_schedule.transposed_loop", None)
         lines.append(f"{name:48s} {before * 1e3:15.3f} {after * 1e3:9.3f} {before / after:7.2f}x")
         print(lines[-1], flush=True)
     write_table(lines, args.out)

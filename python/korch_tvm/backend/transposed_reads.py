@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import tvm
 
+from .cpu_rules import static_extent, static_size
+
 
 def transposed_loop(schedule, block) -> int | None:
     """Position, among the block's spatial loops, of the loop that walks the innermost
@@ -33,7 +35,7 @@ def transposed_loop(schedule, block) -> int | None:
     reads = [region for region in sblock.reads if region.source.name not in written]
     if len(spatial) < 2 or not reads:
         return None
-    largest = max(reads, key=lambda region: _elements(region.source))
+    largest = max(reads, key=lambda region: _static_elements(region.source))
     innermost = largest.region[-1]
     if not isinstance(innermost.extent, tvm.tirx.IntImm) or int(innermost.extent) != 1:
         return None
@@ -43,8 +45,6 @@ def transposed_loop(schedule, block) -> int | None:
     return spatial.index(used[0])
 
 
-def _elements(buffer) -> int:
-    count = 1
-    for dim in buffer.shape:
-        count *= int(dim) if isinstance(dim, tvm.tirx.IntImm) else 1
-    return count
+def _static_elements(buffer) -> int:
+    """The product of the buffer's constant dimensions (a dynamic one counts as 1)."""
+    return static_size(dim for dim in buffer.shape if static_extent(dim) is not None)
