@@ -4,6 +4,7 @@ Counts, never timings: the planning of a zoo model rebuilt and re-solved every p
 model each lazy-costing round and each memory round, most of its compile time.
 """
 
+import dataclasses
 import math
 from collections import Counter
 
@@ -16,6 +17,7 @@ from korch_tvm.costing.cost_model import analytic_estimate
 from korch_tvm.costing.measure import KernelCost
 from korch_tvm.graph.primitive_graph import PrimitiveGraph
 from korch_tvm.lowering.fission import lower_to_primitives
+from korch_tvm.orchestration.plans import KernelChoice, OrchestrationProblem, problem_shape
 from korch_tvm.pipeline import layout_plan
 from korch_tvm.pipeline.layout_plan import Orchestrator, Priced, find_candidates
 
@@ -90,6 +92,45 @@ def test_the_plan_after_reuse_is_the_plan_solved_afresh(monkeypatch):
                         sum(p.objective for p in expected[1]))
 
 
+def test_a_copy_of_a_piece_takes_its_plan_without_a_solve(monkeypatch):
+    """two_layer_module's blocks are copies: four pieces, two problems up to numbering."""
+    solve, costs, built = orchestrator(monkeypatch)
+    solves = []
+    original = layout_plan.solve_orchestration
+    monkeypatch.setattr(layout_plan, "solve_orchestration",
+                        lambda problem, **options: solves.append(problem)
+                        or original(problem, **options))
+    problems, plans, _ = solve(costs)
+    assert built["pieces"] == len(problems) == 4 and len(solves) == 2
+    assert [plan.chosen for plan in plans[:2]] == [plan.chosen for plan in plans[2:]]
+    for first, copy in zip(problems[:2], problems[2:]):
+        assert first.piece != copy.piece  # other primitives, the same program
+        assert problem_shape(first.problem) == problem_shape(copy.problem)
+    # the copies' kernels at other prices are another program, solved on its own
+    key = solve.found.kernels.keys[problems[2].candidate_ids[plans[2].chosen[0]]]
+    second = {p for p, problem in enumerate(problems)
+              if key in {solve.found.kernels.keys[i] for i in problem.candidate_ids}}
+    solve({**costs, key: KernelCost(costs[key].seconds * 3, "measured", 1)})
+    assert len(solves) == 2 + len({problem_shape(problems[p].problem) for p in second})
+
+
+def test_a_problem_shape_keeps_what_the_plan_depends_on():
+    choice = KernelChoice(frozenset({10, 11}), frozenset({10}), frozenset({11}), 1e-3)
+    problem = OrchestrationProblem(40, (KernelChoice(frozenset({10}), frozenset(),
+                                                     frozenset({10}), 2e-3), choice),
+                                   frozenset({11}), stock_plan=(0,))
+    moved = OrchestrationProblem(40, tuple(
+        KernelChoice(frozenset(n + 20 for n in k.nodes), frozenset(n + 20 for n in k.inputs),
+                     frozenset(n + 20 for n in k.outputs), k.cost) for k in problem.kernels),
+        frozenset({31}), stock_plan=(0,))
+    assert problem_shape(moved) == problem_shape(problem)
+    dearer = dataclasses.replace(problem, kernels=(problem.kernels[0],
+                                                   dataclasses.replace(choice, cost=2e-3)))
+    other_output = dataclasses.replace(problem, graph_outputs=frozenset({10, 11}))
+    no_stock = dataclasses.replace(problem, stock_plan=())
+    assert len({problem_shape(p) for p in (problem, dearer, other_output, no_stock)}) == 4
+
+
 class Logged:
     """A tuning log that knows `seconds` of the modules given, by identity."""
 
@@ -105,8 +146,7 @@ class Logged:
 def test_lazy_costing_settles_the_plan_before_solving_within_memory(monkeypatch):
     """Solving within the memory limit re-solves a piece per round of kernels it leaves out,
     so lazy costing first settles the plan without the limit, then goes on within it; a
-    compile whose log holds the plan's kernels solves once, within the limit, and measures
-    nothing."""
+    compile whose log holds the plan's kernels solves once each way and measures nothing."""
     from korch_tvm.pipeline.korch_costs import cost_what_plans_need
 
     solve, costs, _ = orchestrator(monkeypatch, memory_limit="stock")
@@ -135,15 +175,18 @@ def test_lazy_costing_settles_the_plan_before_solving_within_memory(monkeypatch)
 
     best, first_choice = compile_once(Logged())
     limits = [within for within, _ in calls]
-    assert limits[0] and not calls[0][1]  # within the limit, the plan is not measured yet
-    unlimited = limits[1:].index(True) + 1
-    assert unlimited >= 3 and limits[1:] == [False] * (unlimited - 1) + [True] * (
-        len(limits) - unlimited)
+    first_limited = limits.index(True)
+    # a cold log: no solve within the limit before the unlimited rounds, whose first plan is
+    # not measured yet
+    assert first_limited >= 3 and not calls[0][1]
+    assert limits == [False] * first_limited + [True] * (len(limits) - first_limited)
     # the unlimited rounds end on a measured plan; the limited ones with one
-    assert calls[unlimited - 1][1] and calls[-1][1]
+    assert calls[first_limited - 1][1] and calls[-1][1]
     assert set(best) == measured and all(best[key] == truth[key] for key in measured)
     assert {keys[i] for i in first_choice if keys[i] is not None} <= measured
     logged = Logged({id(priced.kept_kernels[key]): truth[key].seconds for key in measured})
     _, again = compile_once(logged)
-    assert new == [] and [within for within, _ in calls] == [True, True] and calls[0][1]
+    # checked without the limit, then within it; that plan is the one round within it
+    assert new == [] and [within for within, _ in calls] == [False, True, True]
+    assert all(settled for _, settled in calls)
     assert again == first_choice

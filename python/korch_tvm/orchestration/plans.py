@@ -96,3 +96,20 @@ def execution_order(problem: OrchestrationProblem, chosen: Iterable[int]) -> tup
 def plan_cost(problem: OrchestrationProblem, chosen: Iterable[int]) -> float:
     """The summed cost of the kernels `chosen` (indices into `problem.kernels`), in seconds."""
     return math.fsum(problem.kernels[k].cost for k in chosen)
+
+
+def problem_shape(problem: OrchestrationProblem) -> tuple:
+    """`problem` with its primitives numbered by rank among those it names: two pieces that
+    are copies of one another (a transformer's blocks) have the same shape, so one solve
+    serves both, as the same kernel indices make the same plan of either."""
+    named = set(problem.graph_outputs)
+    for kernel in problem.kernels:
+        named |= kernel.nodes | kernel.inputs | kernel.outputs
+    rank = {node: position for position, node in enumerate(sorted(named))}
+
+    def ranked(nodes: frozenset[int]) -> tuple[int, ...]:
+        return tuple(sorted(rank[node] for node in nodes))
+
+    return (tuple((ranked(k.nodes), ranked(k.inputs), ranked(k.outputs), k.cost)
+                  for k in problem.kernels),
+            ranked(problem.graph_outputs), problem.stock_plan, tuple(sorted(problem.offered)))

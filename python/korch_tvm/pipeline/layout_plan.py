@@ -32,6 +32,7 @@ from ..kernels.fused import DistinctKernels, distinct_kernels
 from ..kernels.kinds import kernel_kind
 from ..lowering.fission import lower_to_primitives, lowering_stats
 from ..orchestration.memory_plan import StorageModel
+from ..orchestration.plans import Plan, problem_shape
 from ..orchestration.problems import (orchestration_problems, plan_groups, plan_report,
                                       prune_by_prediction)
 from ..orchestration.solver import solve_orchestration
@@ -245,8 +246,11 @@ class Orchestrator:
 
     Each piece's problem and plan are kept by the piece's usable candidates and their prices:
     each lazy-costing round and each memory round changes a few pieces, and the others are
-    neither built nor solved again. Whole answers are kept by the same inputs, so solving
-    again what was solved (the plan of a compile that tuned nothing) costs nothing.
+    neither built nor solved again. A piece whose problem has the shape of one solved before
+    (`problem_shape`: another copy of a transformer block, at the same prices) takes that
+    plan: ViT-S/32's 24 pieces are two problems repeated. Whole answers are kept by the same
+    inputs, so solving again what was solved (the plan of a compile that tuned nothing)
+    costs nothing.
     `problems_built` and `memory_rounds` count the work, for tests.
     """
 
@@ -256,6 +260,7 @@ class Orchestrator:
                                if found.candidates[i].nodes <= piece] for i in priced.kept}
         self._pieces: KeyedMemo[tuple] = KeyedMemo()
         self._answers: KeyedMemo[tuple] = KeyedMemo(kept=64)
+        self._plans: KeyedMemo[Plan] = KeyedMemo(kept=20_000)
         self.problems_built = self.memory_rounds = 0
 
     def __call__(self, costs, usable=None, *, within_memory: bool = True):
@@ -294,8 +299,8 @@ class Orchestrator:
             self.problems_built += 1
             problem = orchestration_problems(found.graph, [found.pieces[piece]], found.candidates,
                                              ids, found.kernels.keys, costs)[0]
-            return problem, solve_orchestration(problem.problem,
-                                                time_limit=self.config.solver_time_limit)
+            return problem, self._plans.get(problem_shape(problem.problem), lambda: (
+                solve_orchestration(problem.problem, time_limit=self.config.solver_time_limit)))
 
         return self._pieces.get((piece, ids, tuple(prices[i] for i in ids)), build)
 
