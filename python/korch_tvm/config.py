@@ -51,6 +51,9 @@ class KorchConfig:
     # Lazy costing (costing/lazy.py): how much cheaper than its calibrated prediction a kernel no
     # plan has chosen yet may turn out. Larger measures more; prune_margin=inf measures all.
     lazy_margin: float = 0.2
+    # ... and when the best plan of measured kernels models within this fraction of the
+    # optimistic plan, the rounds stop: measuring more could gain no more than that.
+    settle_gap: float = 0.01
     # Vectorisable exp/sigmoid/tanh/erf on both paths (lowering/fast_math.py); off = TVM's libm
     # calls.
     fast_math: bool = True

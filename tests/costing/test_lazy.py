@@ -7,16 +7,22 @@ import pytest
 
 from korch_tvm.costing.lazy import (CALIBRATION_STEP, calibrated_predictions, calibration,
                                     solve_lazily)
+from korch_tvm.costing.failed_costs import is_failed
 from korch_tvm.costing.measure import KernelCost
 
 HALF_STEP = math.exp(CALIBRATION_STEP / 2) - 1  # calibration factors lie on a 5 % grid
 
 
-def cheapest_plan(plans):
-    """A stand-in solver: the plan (a set of kernel keys) of least total cost."""
+def cheapest_plan(plans, stock=frozenset()):
+    """A stand-in solver: the plan (a set of kernel keys) of least total cost; a failed
+    kernel costs infinity unless it is in `stock`, as in the orchestration programs."""
+    def cost(costs, plan):
+        return sum(math.inf if is_failed(costs[key]) and key not in stock
+                   else costs[key].seconds for key in plan)
+
     def solve(costs):
-        best = min(plans, key=lambda plan: (sum(costs[key].seconds for key in plan), sorted(plan)))
-        return best, best
+        best = min(plans, key=lambda plan: (cost(costs, plan), sorted(plan)))
+        return best, best, cost(costs, best)
     return solve
 
 
@@ -155,3 +161,38 @@ def test_a_small_move_of_the_calibration_leaves_every_price_as_it_was():
     assert before["unknown"] == after["unknown"] == pytest.approx(6.0, rel=HALF_STEP)
     steps = math.log(before["unknown"] / 2.0) / CALIBRATION_STEP
     assert steps == pytest.approx(round(steps))  # a whole number of steps
+
+
+def test_a_measured_plan_within_the_gap_of_the_optimistic_one_ends_the_rounds():
+    # "ab" is predicted 2 % cheaper than the measured "a" + "b": within a 5 % gap it is not
+    # worth measuring; with no gap it is measured (and loses)
+    known = {"a": KernelCost(1.0, "measured", 1), "b": KernelCost(1.0, "measured", 1)}
+    plans = [{"a", "b"}, {"ab"}]
+    calls = []
+    result = solve_lazily(cheapest_plan(plans), {"a": 1.0, "b": 1.0, "ab": 1.96}, known,
+                          measuring({"ab": 2.5}, calls), margin=0.0, gap=0.05)
+    assert calls == [] and result.solution == {"a", "b"} and result.rounds == 1
+    strict = solve_lazily(cheapest_plan(plans), {"a": 1.0, "b": 1.0, "ab": 1.96}, known,
+                          measuring({"ab": 2.5}, calls), margin=0.0)
+    assert calls == [["ab"]] and strict.solution == {"a", "b"} and strict.rounds == 2
+    # 10 % cheaper by prediction is more than the gap: measured
+    calls.clear()
+    solve_lazily(cheapest_plan(plans), {"a": 1.0, "b": 1.0, "ab": 1.8}, known,
+                 measuring({"ab": 2.5}, calls), margin=0.0, gap=0.05)
+    assert calls == [["ab"]]
+
+
+def test_the_gap_never_settles_on_kernels_nothing_measured():
+    """Without a device the stock kernels are predictions too: the plan of measured kernels
+    does not exist, and the rounds go on to the measurer, which says it cannot."""
+    calls = []
+
+    def cannot(keys):
+        calls.append(list(keys))
+        return {key: KernelCost(1.0, "predicted", 0) for key in keys}
+
+    # "a" is the stock group: priced at its prediction in the plan of measured kernels too
+    result = solve_lazily(cheapest_plan([{"a"}, {"b"}], stock={"a"}), {"a": 1.0, "b": 1.02},
+                          {}, cannot, 0.0, gap=0.05)
+    assert calls == [["a"]]
+    assert result.solution == {"a"} and result.known == {} and result.rounds == 1

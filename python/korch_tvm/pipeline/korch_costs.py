@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import tvm
 
 from ..costing.kernel_costs import KernelCost, default_schedule_costs
-from ..costing.lazy import calibrated_predictions, optimistic_costs, solve_lazily
+from ..costing.lazy import lazy_round, solve_lazily
 from ..costing.session import CostingSession
 from ..kernels.fused import structural_key
 from ..lowering.primitive_kinds import LINEAR, POOLING_OPS
@@ -152,30 +152,32 @@ def cost_what_plans_need(kept_kernels, predicted, stock_keys, anchors, solve, ke
     margin = config.lazy_margin if math.isfinite(config.prune_margin) else 0.0
     predicted = {key: predicted[key] for key in kept_kernels}
 
+    def solve_on(costs, within_memory):
+        solution = solve(costs, within_memory=within_memory)
+        seconds = math.fsum(plan.objective for plan in solution[1])
+        return solution, [key_of_candidate[i] for i in solution[2]], seconds
+
     def lazily(within_memory, measured):
-        def solve_on(costs):
-            solution = solve(costs, within_memory=within_memory)
-            return solution, [key_of_candidate[i] for i in solution[2]]
-
         return solve_lazily(
-            solve_on, predicted, measured,
+            lambda costs: solve_on(costs, within_memory), predicted, measured,
             lambda keys: default_schedule_costs(kept_kernels, _remember(best, measure(keys)),
-                                                tuning_log), margin, anchors)
+                                                tuning_log), margin, anchors,
+            config.settle_gap)
 
-    def settled(measured) -> bool:
-        """Whether the first round within the memory limit would measure nothing (a compile
-        whose log has every kernel of its plan: it must measure nothing, as before)."""
-        costs = optimistic_costs(calibrated_predictions(predicted, measured, anchors), measured,
-                                 margin)
-        return all(key_of_candidate[i] is None or key_of_candidate[i] in measured
-                   for i in solve(costs)[2])
+    def settled(measured, within_memory) -> bool:
+        """Whether the first round would measure nothing (a compile whose log has every
+        kernel of its plan: it must measure nothing, as before)."""
+        return not lazy_round(lambda costs: solve_on(costs, within_memory), predicted, measured,
+                              margin, anchors, config.settle_gap)[1]
 
     # A solve within the memory limit solves a piece again for each round of kernels it leaves
-    # out (tens per solve on a transformer): unless the plan is settled already, the rounds
-    # settle it without the limit first, then go on within it, where most of its kernels are
-    # measured already.
+    # out (tens per solve on a transformer; hundreds on a cold log's optimistic predictions,
+    # 13 s of ViT-S/32's 45 s in one layout): the rounds settle the plan without the limit
+    # first, then go on within it, where most of its kernels are measured already. Only a plan
+    # settled without the limit is checked within it before any round.
     start = default_schedule_costs(kept_kernels, known, tuning_log)
-    unlimited = None if settled(start) else lazily(False, start)
+    unlimited = (None if settled(start, False) and settled(start, True)
+                 else lazily(False, start))
     limited = lazily(True, start if unlimited is None else unlimited.known)
     rounds = limited.rounds + (unlimited.rounds if unlimited else 0)
     logger.info("costing: %d of %d kernels measured or logged, plan settled in %d round(s)",
