@@ -8,8 +8,9 @@ from korch_tvm.frontend.onnx_import import import_onnx
 from korch_tvm.layout.activations import layout_variants
 from korch_tvm.pipeline import layout_probe
 from korch_tvm.pipeline.layout_plan import prepare_layout
-from korch_tvm.pipeline.layout_probe import (PROBE_MAX_KERNELS, SCREEN_RATIO, Probe,
-                                             StockKernel, layout_specific,
+from korch_tvm.pipeline.layout_probe import (MINOR_SHARE, PROBE_MAX_KERNELS, SCREEN_RATIO,
+                                             Probe, StockKernel, differing_share,
+                                             layout_specific, layouts_to_plan,
                                              layouts_worth_planning, probe_result, probe_set,
                                              screen_layouts, stock_kernels)
 from test_weight_packing import conv_block_onnx
@@ -72,6 +73,27 @@ def test_layouts_worth_planning():
     assert layouts_worth_planning({"NCHW": None, "NHWC": fast}) == ["NCHW", "NHWC"]
 
 
+def test_the_share_of_flops_in_the_kernels_that_differ():
+    """A ViT: token matmuls in both layouts, the patch embedding's convolution in one."""
+    kernels = {"mm": kernel(100, uses=2), "conv_nchw": kernel(10), "to_tokens": kernel(0)}
+    specific = layout_specific({"NCHW": kernels, "NHWC": {"mm": kernel(100, uses=2)}})
+    assert differing_share(kernels, specific["NCHW"]) == pytest.approx(10 / 210)
+    assert differing_share({"mm": kernel(100)}, {}) == 0.0
+    assert differing_share({"copy": kernel(0)}, {"copy": kernel(0)}) == 1.0  # nothing to tell
+
+
+def test_layouts_differing_in_few_flops_plan_only_the_faster():
+    close = {"NCHW": probe(190.0, f1=1.05), "NHWC": probe(200.0, f1=1.0)}
+    assert layouts_worth_planning(close) == ["NCHW", "NHWC"]
+    assert layouts_to_plan(close, share=MINOR_SHARE / 2) == ["NHWC"]
+    assert layouts_to_plan(dict(reversed(list(close.items()))), MINOR_SHARE / 2) == ["NHWC"]
+    # where the layouts differ in much of the model, both are planned as before
+    assert layouts_to_plan(close, share=MINOR_SHARE * 2) == ["NCHW", "NHWC"]
+    # a probe that could not measure says nothing of which is faster: both
+    assert layouts_to_plan({"NCHW": None, "NHWC": probe(200.0, f1=1.0)},
+                           MINOR_SHARE / 2) == ["NCHW", "NHWC"]
+
+
 class ScriptedSession:
     """Measures each layout's probe in turn at the rate given for it (FLOPs per second);
     "predicted" for a layout whose rate is None (nothing could measure there)."""
@@ -116,3 +138,17 @@ def test_screen_layouts_on_a_convolution_block(rates, kept, monkeypatch):
             kernels[key].flops for key in measured}
         # a 32-channel 3x3 convolution on 28x28 is 2 * 28 * 28 * 32 * 32 * 9 FLOPs
         assert max(kernels[key].flops for key in measured) >= 2 * 28 * 28 * 32 * 32 * 9
+
+
+@pytest.mark.parametrize("rates,kept", [((180e9, 200e9), ["NHWC"]), ((200e9, 180e9), ["NCHW"])])
+def test_screen_layouts_plans_the_faster_alone_when_the_difference_is_minor(rates, kept,
+                                                                            monkeypatch):
+    """The convolution block differs in all its FLOPs; a share taken as minor shows the
+    wiring: probes within the screening ratio, and only the faster layout is planned."""
+    variants = layout_variants(import_onnx(conv_block_onnx(32, 28), None), "auto")
+    prepared = {layout: prepare_layout(variant, KorchConfig(trials=0))
+                for layout, variant in variants.items()}
+    monkeypatch.setattr(layout_probe, "PROBE_MIN_KERNELS", 1)
+    assert list(screen_layouts(prepared, ScriptedSession(rates))) == ["NCHW", "NHWC"]
+    monkeypatch.setattr(layout_probe, "MINOR_SHARE", 1.01)
+    assert list(screen_layouts(prepared, ScriptedSession(rates))) == kept

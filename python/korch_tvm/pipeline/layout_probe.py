@@ -8,6 +8,9 @@ convolutions decide much of the contest, so the heaviest stock kernels of each l
 that differ between the layouts) are measured first, and a layout whose FLOP rate on them is
 `SCREEN_RATIO` times below the best layout's, and which is not that much faster on any
 convolution both measured, is not planned.
+Where the kernels that differ between the layouts are a small share of the model's FLOPs (a
+ViT's patch embedding, under `MINOR_SHARE`), the layout choice can change little, and only the
+layout that is faster on them is planned.
 A small model, quick to plan twice, is not probed. The probe's measurements go into the
 tuning log, and its lowered graphs and candidates go to the plans, so the plan of a layout
 kept does neither again. Predictions cannot stand in for the
@@ -32,6 +35,10 @@ logger = logging.getLogger("korch_tvm.data_layout")
 SCREEN_RATIO = 1.3  # a layout this many times slower on the probe kernels is not planned
 PROBE_FLOP_SHARE = 0.5  # of the stock plan's FLOPs, covered by the kernels measured
 PROBE_MAX_KERNELS = 8  # per layout, however the FLOPs are spread
+# Kernels that differ between the layouts holding less than this share of every layout's stock
+# FLOPs leave little to choose: ViT-S/32's patch embedding is about 3 % of its FLOPs, and its
+# two plans modelled 0.4 % apart (Swin-T 0.2 %, DeiT-tiny 0.6 %), each planned in full.
+MINOR_SHARE = 0.05
 # Below this many distinct stock kernels planning both layouts is quick and the probe saves
 # little (ResNet-18 has 19, a three-convolution test block 3-5)
 PROBE_MIN_KERNELS = 12
@@ -62,6 +69,14 @@ def layout_specific(kernels: Mapping[str, Mapping[str, StockKernel]]
     shared = set.intersection(*(set(each) for each in kernels.values())) if kernels else set()
     return {layout: {key: kernel for key, kernel in each.items() if key not in shared}
             for layout, each in kernels.items()}
+
+
+def differing_share(kernels: Mapping[str, StockKernel],
+                    specific: Mapping[str, StockKernel]) -> float:
+    """The share of `kernels`' FLOPs (times uses) in `specific`, those no other layout has."""
+    total = sum(kernel.flops * kernel.uses for kernel in kernels.values())
+    return (sum(kernel.flops * kernel.uses for kernel in specific.values()) / total
+            if total > 0 else 1.0)
 
 
 def probe_set(kernels: Mapping[str, StockKernel]) -> list[str]:
@@ -115,24 +130,36 @@ def layouts_worth_planning(probes: Mapping[str, Probe | None]) -> list[str]:
     return [layout for layout, probe in probes.items() if not beaten(probe)]
 
 
+def layouts_to_plan(probes: Mapping[str, Probe | None], share: float) -> list[str]:
+    """`layouts_worth_planning`, or only the fastest of them where the kernels that differ
+    hold `share` < `MINOR_SHARE` of the FLOPs and every probe measured."""
+    kept = layouts_worth_planning(probes)
+    if len(kept) > 1 and share < MINOR_SHARE and None not in probes.values():
+        return [max(kept, key=lambda layout: probes[layout].rate)]
+    return kept
+
+
 def screen_layouts(prepared: Mapping[str, Prepared],
                    session: CostingSession) -> dict[str, Prepared]:
     """`prepared` (each layout's `prepare_layout`) without the layouts the probe finds beaten
-    (`layouts_worth_planning`)."""
+    or not worth planning (`layouts_to_plan`)."""
     kernels = {layout: stock_kernels(each) for layout, each in prepared.items()}
     if len(prepared) < 2 or any(len(each) < PROBE_MIN_KERNELS for each in kernels.values()):
         return dict(prepared)
     probes = {}
-    for layout, stock in layout_specific(kernels).items():
+    specific = layout_specific(kernels)
+    for layout, stock in specific.items():
         probe = probe_set(stock)
         costs = session.measure({key: stock[key].module for key in probe})
         measured = {key: cost.seconds for key, cost in costs.items()
                     if cost.source in ("measured", "tuned", "log")}
         probes[layout] = probe_result(stock, measured) if len(measured) == len(probe) else None
-    kept = layouts_worth_planning(probes)
+    share = max(differing_share(kernels[layout], specific[layout]) for layout in prepared)
+    kept = layouts_to_plan(probes, share)
     if len(kept) < len(prepared):
-        logger.info("layout probe: %s not planned (GFLOP/s on the heaviest kernels: %s)",
+        logger.info("layout probe: %s not planned (GFLOP/s on the heaviest kernels: %s; "
+                    "the layouts differ in %.1f %% of the FLOPs)",
                     ", ".join(layout for layout in prepared if layout not in kept),
                     ", ".join(f"{layout} {probe.rate / 1e9:.1f}"
-                              for layout, probe in probes.items()))
+                              for layout, probe in probes.items()), share * 100)
     return {layout: prepared[layout] for layout in kept}
