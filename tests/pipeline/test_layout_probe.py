@@ -117,7 +117,7 @@ class ScriptedSession:
     ((180e9, 200e9), ["NCHW", "NHWC"]),
     ((None, 200e9), ["NCHW", "NHWC"]),
 ])
-def test_screen_layouts_on_a_convolution_block(rates, kept, monkeypatch):
+def test_screen_layouts_on_a_convolution_block(rates, kept, monkeypatch, caplog):
     variants = layout_variants(import_onnx(conv_block_onnx(32, 28), None), "auto")
     config = KorchConfig(trials=0)
     prepared = {layout: prepare_layout(variant, config) for layout, variant in variants.items()}
@@ -126,8 +126,15 @@ def test_screen_layouts_on_a_convolution_block(rates, kept, monkeypatch):
     assert screen_layouts(prepared, session) == prepared
     assert session.calls == []
     monkeypatch.setattr(layout_probe, "PROBE_MIN_KERNELS", 1)
-    screened = screen_layouts(prepared, session)
+    with caplog.at_level("INFO", logger=layout_probe.logger.name):
+        screened = screen_layouts(prepared, session)
     assert list(screened) == kept
+    # the probe says what it found whether or not it drops a layout
+    said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("layout probe")]
+    dropped = [layout for layout in variants if layout not in kept]
+    assert len(said) == 1 and (f"{dropped[0]} not planned" if dropped
+                               else "every layout planned") in said[0]
+    assert ("NCHW unmeasured" in said[0]) == (rates[0] is None)
     assert all(screened[layout] is prepared[layout] for layout in kept)  # handed on as it is
     # each layout's probe: its heaviest stock kernel (the 3x3 convolution) first
     specific = layout_specific({layout: stock_kernels(prepared[layout]) for layout in variants})
