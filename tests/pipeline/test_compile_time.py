@@ -190,3 +190,39 @@ def test_lazy_costing_settles_the_plan_before_solving_within_memory(monkeypatch)
     assert new == [] and [within for within, _ in calls] == [False, True, True]
     assert all(settled for _, settled in calls)
     assert again == first_choice
+
+
+def test_a_layout_that_cannot_beat_a_plan_already_made_measures_nothing(monkeypatch):
+    """Before the fusion groups of a layout are measured, its plan on the optimistic prices
+    (predictions lowered by the lazy margin) is compared with the plan another layout made:
+    above it, the layout cannot win and nothing of it is measured; below, it is costed as
+    without the comparison."""
+    from korch_tvm.pipeline.korch_costs import cost_what_plans_need
+
+    solve, costs, _ = orchestrator(monkeypatch)
+    priced, keys = solve.priced, solve.found.kernels.keys
+    stock = {keys[i] for i in priced.kept
+             if solve.found.candidates[i].is_stock and keys[i] is not None}
+    truth = {key: KernelCost(cost.seconds * 3, "measured", 0) for key, cost in costs.items()}
+    measured = []
+
+    def measure(modules):
+        measured.extend(modules)
+        return {key: truth[key] for key in modules}
+
+    def cost(beat_seconds):
+        measured.clear()
+        return cost_what_plans_need(priced.kept_kernels, priced.predicted, stock, {}, solve,
+                                    keys, KorchConfig(max_subproblem_nodes=8), Logged(), measure,
+                                    beat_seconds=beat_seconds)
+
+    best, first_choice = cost(None)
+    everything = sorted(measured)
+    assert stock and stock <= set(everything)
+    modelled = sum(truth[keys[i]].seconds for i in first_choice if keys[i] is not None)
+    optimistic = sum(priced.predicted[keys[i]] for i in first_choice
+                     if keys[i] is not None) / (1 + KorchConfig().lazy_margin)
+    # every kernel costs 3x its prediction: the optimistic plan models under a third of it
+    assert optimistic < modelled / 3
+    assert cost(modelled) == (best, first_choice) and sorted(measured) == everything
+    assert cost(modelled / 100) is None and measured == []

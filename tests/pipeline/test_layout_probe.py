@@ -114,8 +114,8 @@ class ScriptedSession:
 @pytest.mark.parametrize("rates,kept", [
     ((50e9, 200e9), ["NHWC"]),
     ((200e9, 50e9), ["NCHW"]),
-    ((180e9, 200e9), ["NCHW", "NHWC"]),
-    ((None, 200e9), ["NCHW", "NHWC"]),
+    ((180e9, 200e9), ["NHWC", "NCHW"]),  # both, the faster first
+    ((None, 200e9), ["NCHW", "NHWC"]),  # both, as given: one probe could not measure
 ])
 def test_screen_layouts_on_a_convolution_block(rates, kept, monkeypatch, caplog):
     variants = layout_variants(import_onnx(conv_block_onnx(32, 28), None), "auto")
@@ -156,6 +156,53 @@ def test_screen_layouts_plans_the_faster_alone_when_the_difference_is_minor(rate
     prepared = {layout: prepare_layout(variant, KorchConfig(trials=0))
                 for layout, variant in variants.items()}
     monkeypatch.setattr(layout_probe, "PROBE_MIN_KERNELS", 1)
-    assert list(screen_layouts(prepared, ScriptedSession(rates))) == ["NCHW", "NHWC"]
+    both = list(screen_layouts(prepared, ScriptedSession(rates)))
+    assert both == kept + [layout for layout in ("NCHW", "NHWC") if layout not in kept]
     monkeypatch.setattr(layout_probe, "MINOR_SHARE", 1.01)
     assert list(screen_layouts(prepared, ScriptedSession(rates))) == kept
+
+
+def test_a_layout_that_cannot_win_is_left_out_and_regions_are_still_tried(monkeypatch):
+    """plan_korch's wiring: untuned, each layout after the first is planned against the best
+    plan made so far (`beat_ms`); one that cannot beat it (None) is left out of the plans,
+    and a layout per region is still tried, as with both planned."""
+    import dataclasses
+
+    from korch_tvm.pipeline import korch
+
+    @dataclasses.dataclass(frozen=True)
+    class Plan:
+        layout: str
+        modelled_ms: float
+        costs: dict = dataclasses.field(default_factory=dict)
+        layouts: dict = dataclasses.field(default_factory=dict)
+        tuning: dict = dataclasses.field(default_factory=dict)
+
+    class Pending:
+        def __init__(self, layout, ms):
+            self.plan = Plan(layout, ms)
+
+        def finish(self, tuned, seconds):
+            return self.plan
+
+    asked, regions_tried = [], []
+
+    def plan_in_layout(source, variant, layout, config, beat_ms=None, **_):
+        asked.append((layout, beat_ms))
+        return None if beat_ms is not None else Pending(layout, 5.0)  # the later cannot win
+
+    class Session:
+        def seconds_left(self):
+            return None
+
+    monkeypatch.setattr(korch, "plan_in_layout", plan_in_layout)
+    monkeypatch.setattr(korch, "_try_region_layouts",
+                        lambda *args, **kwargs: regions_tried.append(True))
+    mod = import_onnx(conv_block_onnx(32, 28), None)
+    plan = korch.plan_korch(mod, KorchConfig(trials=0), session=Session())
+    assert asked == [("NCHW", None), ("NHWC", 5.0)]  # small: unprobed, in the order given
+    assert plan.layout == "NCHW" and list(plan.layouts) == ["NCHW"] and regions_tried == [True]
+    asked.clear()
+    monkeypatch.setattr(korch, "tune_once", lambda planned, session: ({}, 0.0))
+    korch.plan_korch(mod, KorchConfig(trials=8), session=Session())
+    assert asked == [("NCHW", None), ("NHWC", None)]  # tuned: every layout is planned in full

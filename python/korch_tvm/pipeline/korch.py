@@ -68,14 +68,26 @@ def plan_korch(mod: tvm.IRModule, config: KorchConfig, *, predict_only: bool = F
                                    for layout, variant in variants.items()}, session)
         variants = {layout: variants[layout] for layout in prepared}
 
-    def plan_in(layout, variant, time_budget):
-        return plan_in_layout(mod, variant, layout, config.with_changes(time_budget=time_budget),
-                              predict_only=predict_only, measure_with=measure_with,
-                              session=session, prepared=prepared.pop(layout, None))
+    # Untuned, a layout whose optimistic plan models above a layout planned before it cannot
+    # win: it stops before its fusion groups are measured (the probe's fastest goes first).
+    bounded = not (config.tunes or predict_only or measure_with is not None)
+    planned_ms, cannot_win = [], []  # modelled ms of each layout planned; layouts left out
 
-    planned = plan_layouts(variants, plan_in, session.seconds_left())
+    def plan_in(layout, variant, time_budget):
+        pending = plan_in_layout(mod, variant, layout, config.with_changes(time_budget=time_budget),
+                                 predict_only=predict_only, measure_with=measure_with,
+                                 session=session, prepared=prepared.pop(layout, None),
+                                 beat_ms=min(planned_ms) if bounded and planned_ms else None)
+        if pending is None:  # cost_what_plans_need has said why
+            cannot_win.append(layout)
+        elif bounded:
+            planned_ms.append(pending.finish({}, None).modelled_ms)
+        return pending
+
+    planned = {layout: pending for layout, pending in
+               plan_layouts(variants, plan_in, session.seconds_left()).items() if pending}
     regions = None
-    if config.layout == "auto" and len(planned) == len(LAYOUTS):
+    if config.layout == "auto" and len(planned) + len(cannot_win) == len(LAYOUTS):
         mixed = _try_region_layouts(mod, config, session, predict_only=predict_only,
                                     measure_with=measure_with)
         if mixed is not None:

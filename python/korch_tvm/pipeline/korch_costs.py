@@ -18,7 +18,8 @@ from dataclasses import dataclass
 import tvm
 
 from ..costing.kernel_costs import KernelCost, default_schedule_costs
-from ..costing.lazy import lazy_round, solve_lazily
+from ..costing.lazy import (calibrated_predictions, lazy_round, optimistic_costs,
+                             solve_lazily)
 from ..costing.session import CostingSession
 from ..kernels.fused import structural_key
 from ..lowering.primitive_kinds import LINEAR, POOLING_OPS
@@ -128,34 +129,41 @@ def profiler_measurement(session: CostingSession, predicted: Mapping[str, float]
 
 
 def cost_what_plans_need(kept_kernels, predicted, stock_keys, anchors, solve, key_of_candidate,
-                          config, tuning_log, measure_modules, library_keys=frozenset()):
-    """(best known cost of every kernel worth a number, the plan on default-schedule costs).
+                          config, tuning_log, measure_modules, library_keys=frozenset(),
+                          beat_seconds=None):
+    """(best known cost of every kernel worth a number, the plan on default-schedule costs),
+    or None when the plan cannot model under `beat_seconds` (another layout's plan).
 
-    What the log holds, TVM's own fusion groups (so the stock plan is always costed for
-    real and Korch's plan can never model worse than it) and the kernels with a library
-    implementation (`library_keys`: predictions know only TVM's kernels) are looked up or
-    measured first; the rest only when a plan chooses them (lazy_costing), the plan without
-    the memory limit first, then within it. With an infinite margin every kernel is measured
-    up front, which is what full costing means.
+    What the log holds and the kernels with a library implementation (`library_keys`:
+    predictions know only TVM's kernels) are looked up or measured first, then TVM's own fusion
+    groups (so the stock plan is always costed for real and Korch's plan can never model worse
+    than it); the rest only when a plan chooses them (lazy_costing), the plan without the
+    memory limit first, then within it (an infinite margin measures all up front: full
+    costing). Before the fusion groups are measured, a plan on the optimistic prices that
+    models above `beat_seconds` ends it: no plan of this program can win, as far as the lowered
+    predictions are lower bounds (the premise of lazy costing).
     """
     def measure(keys):
         return measure_modules({key: kept_kernels[key] for key in keys})
 
-    upfront = [key for key, module in kept_kernels.items()
-               if key in stock_keys or key in library_keys
-               or tuning_log.best_seconds(module) is not None
-               or not math.isfinite(config.prune_margin)]
-    best = dict(measure(upfront))  # "predicted" where nothing could measure (no device, budget)
-    known = {key: cost for key, cost in best.items() if cost.source != "predicted"}
-    anchors = _library_apart(anchors, known)
-
     margin = config.lazy_margin if math.isfinite(config.prune_margin) else 0.0
     predicted = {key: predicted[key] for key in kept_kernels}
-
-    def solve_on(costs, within_memory):
-        solution = solve(costs, within_memory=within_memory)
-        seconds = math.fsum(plan.objective for plan in solution[1])
-        return solution, [key_of_candidate[i] for i in solution[2]], seconds
+    first = [key for key, module in kept_kernels.items()
+             if key in library_keys or tuning_log.best_seconds(module) is not None
+             or not math.isfinite(config.prune_margin)]
+    best, solve_on = dict(measure(first)), _with_seconds(solve, key_of_candidate)
+    if beat_seconds is not None:
+        known = default_schedule_costs(kept_kernels, _measured(best), tuning_log)
+        bound = solve_on(optimistic_costs(calibrated_predictions(
+            predicted, known, _library_apart(anchors, known)), known, margin), False)[2]
+        if bound > beat_seconds:
+            logger.info("this layout cannot win: its optimistic plan models %.3f ms, above "
+                        "the %.3f ms of a layout planned before; not measured further",
+                        bound * 1e3, beat_seconds * 1e3)
+            return None
+    best.update(measure([key for key in kept_kernels if key in stock_keys and key not in best]))
+    known = _measured(best)
+    anchors = _library_apart(anchors, known)
 
     def lazily(within_memory, measured):
         return solve_lazily(
@@ -170,11 +178,9 @@ def cost_what_plans_need(kept_kernels, predicted, stock_keys, anchors, solve, ke
         return not lazy_round(lambda costs: solve_on(costs, within_memory), predicted, measured,
                               margin, anchors, config.settle_gap)[1]
 
-    # A solve within the memory limit solves a piece again for each round of kernels it leaves
-    # out (tens per solve on a transformer; hundreds on a cold log's optimistic predictions,
-    # 13 s of ViT-S/32's 45 s in one layout): the rounds settle the plan without the limit
-    # first, then go on within it, where most of its kernels are measured already. Only a plan
-    # settled without the limit is checked within it before any round.
+    # A solve within the memory limit solves a piece again per round of kernels it leaves out
+    # (hundreds on a cold log's optimistic prices: 13 s of ViT-S/32's 45 s in one layout), so
+    # the rounds settle the plan without the limit first, then go on within it.
     start = default_schedule_costs(kept_kernels, known, tuning_log)
     unlimited = (None if settled(start, False) and settled(start, True)
                  else lazily(False, start))
@@ -183,6 +189,20 @@ def cost_what_plans_need(kept_kernels, predicted, stock_keys, anchors, solve, ke
     logger.info("costing: %d of %d kernels measured or logged, plan settled in %d round(s)",
                 len(limited.known), len(kept_kernels), rounds)
     return best, limited.solution[2]
+
+
+def _with_seconds(solve, key_of_candidate):
+    """`solve` as lazy costing calls it: (solution, chosen kernels' keys, modelled seconds)."""
+    def solve_on(costs, within_memory):
+        solution = solve(costs, within_memory=within_memory)
+        seconds = math.fsum(plan.objective for plan in solution[1])
+        return solution, [key_of_candidate[i] for i in solution[2]], seconds
+    return solve_on
+
+
+def _measured(costs) -> dict:
+    """`costs` less those only predicted (nothing could measure them: no device, a budget)."""
+    return {key: cost for key, cost in costs.items() if cost.source != "predicted"}
 
 
 def _library_apart(anchors, known) -> dict:

@@ -146,12 +146,14 @@ class Priced(NamedTuple):
 
 def plan_in_layout(source: tvm.IRModule, mod: tvm.IRModule, layout: str, config: KorchConfig,
                    *, predict_only: bool, measure_with, session: CostingSession,
-                   prepared: Prepared | None = None) -> Planned:
+                   prepared: Prepared | None = None, beat_ms: float | None = None
+                   ) -> Planned | None:
     """`plan_korch` for `mod`, which is `source` with its activations in `layout`, costed
     through the compile's `session` (its log, and its seed: predictions and starting points
     from a compatible log), up to tuning. `predict_only` and `measure_with` as in
     `plan_korch`; `prepared`: `prepare_layout(mod, config)` where the caller has it already
-    (the layout probe)."""
+    (the layout probe). None when no plan of this layout can model under `beat_ms` (another
+    layout's plan): found before its fusion groups are measured (`cost_what_plans_need`)."""
     clock = StageClock()
     lowered, found = prepared or prepare_layout(mod, config, clock)
     priced = price_candidates(found, config, session)
@@ -171,7 +173,10 @@ def plan_in_layout(source: tvm.IRModule, mod: tvm.IRModule, layout: str, config:
             work_anchors(found.graph, found.candidates, priced.kept, found.kernels.keys), solve,
             found.kernels.keys, config, session.tuning_log, measure,
             library_keys={key for key, module in priced.kept_kernels.items()
-                          if session.has_library(module)})
+                          if session.has_library(module)},
+            beat_seconds=None if beat_ms is None else beat_ms / 1e3) or (None, None)
+    if costs is None:
+        return None
     clock.lap("measurement")
     shares = tuning_shares(first_choice, found.kernels.keys, priced.kept_kernels, costs,
                            session.tuning_log) if config.tunes else Counter()

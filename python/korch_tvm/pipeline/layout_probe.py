@@ -142,7 +142,7 @@ def layouts_to_plan(probes: Mapping[str, Probe | None], share: float) -> list[st
 def screen_layouts(prepared: Mapping[str, Prepared],
                    session: CostingSession) -> dict[str, Prepared]:
     """`prepared` (each layout's `prepare_layout`) without the layouts the probe finds beaten
-    or not worth planning (`layouts_to_plan`)."""
+    or not worth planning (`layouts_to_plan`), the fastest on the probe first."""
     kernels = {layout: stock_kernels(each) for layout, each in prepared.items()}
     if len(prepared) < 2 or any(len(each) < PROBE_MIN_KERNELS for each in kernels.values()):
         return dict(prepared)
@@ -163,4 +163,6 @@ def screen_layouts(prepared: Mapping[str, Prepared],
                 f"{', '.join(dropped)} not planned" if dropped else "every layout planned",
                 ", ".join(f"{layout} {probe.rate / 1e9:.1f}" if probe else f"{layout} unmeasured"
                           for layout, probe in probes.items()), share * 100)
+    if None not in probes.values():  # the fastest first: a later layout must beat its plan
+        kept.sort(key=lambda layout: -probes[layout].rate)
     return {layout: prepared[layout] for layout in kept}
