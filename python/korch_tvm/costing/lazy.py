@@ -113,14 +113,23 @@ def measured_only_costs(predicted: Mapping[str, float],
     return costs
 
 
+def optimistic_plan(solve, predicted: Mapping[str, float], known: Mapping[str, KernelCost],
+                    margin: float, anchors: Mapping[str, Collection[Hashable]]):
+    """`solve`'s answer on the optimistic prices (`known`, and calibrated predictions lowered by
+    `margin`): (solution, chosen keys, modelled seconds, the calibrated predictions). Its
+    seconds bound what any plan costs, as far as the lowered predictions are lower bounds."""
+    optimistic = calibrated_predictions(predicted, known, anchors)
+    return (*solve(optimistic_costs(optimistic, known, margin)), optimistic)
+
+
 def lazy_round(solve, predicted: Mapping[str, float], known: Mapping[str, KernelCost],
                margin: float, anchors: Mapping[str, Collection[Hashable]], gap: float = 0.0,
                number: int | None = None) -> tuple[Solution, list[str], dict[str, float]]:
     """One round of `solve_lazily`: (the plan, the kernels to measure for it, the calibrated
     predictions); no kernels when the plan is settled, measured in full or within `gap`.
     `number` is the round's, for the log (None: a check that logs nothing)."""
-    optimistic = calibrated_predictions(predicted, known, anchors)
-    solution, chosen, bound = solve(optimistic_costs(optimistic, known, margin))
+    solution, chosen, bound, optimistic = optimistic_plan(solve, predicted, known, margin,
+                                                          anchors)
     missing = sorted({key for key in chosen if key is not None and key not in known})
     if not missing or gap <= 0:
         if missing and number is not None:

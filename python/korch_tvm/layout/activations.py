@@ -72,12 +72,13 @@ def convert_layout(mod: tvm.IRModule, layout: str) -> tvm.IRModule:
     expressions folded."""
     check_layout(layout)
     folded = fold_constants(mod)  # constant operands become Constants
-    if layout not in _CONV_LAYOUTS:
-        # the same forms as the other layouts, so that a kernel outside the convolutions (a
-        # transformer's matmul + bias) is one kernel in either, measured once and not probed
-        return mutate_relax_functions(_LayoutFriendlyForms(folded), folded)
-    folded = unflatten_whole_norms(folded)
+    if layout in _CONV_LAYOUTS:
+        folded = unflatten_whole_norms(folded)
+    # the same forms in every layout, so that a kernel outside the convolutions (a
+    # transformer's matmul + bias) is one kernel in each, measured once and not probed
     friendly = mutate_relax_functions(_LayoutFriendlyForms(folded), folded)
+    if layout not in _CONV_LAYOUTS:
+        return friendly
     converted = relax.transform.ConvertLayout({"relax.nn.conv2d": _CONV_LAYOUTS[layout]})(friendly)
     return fold_constants(converted)
 

@@ -18,8 +18,7 @@ from dataclasses import dataclass
 import tvm
 
 from ..costing.kernel_costs import KernelCost, default_schedule_costs
-from ..costing.lazy import (calibrated_predictions, lazy_round, optimistic_costs,
-                             solve_lazily)
+from ..costing.lazy import lazy_round, optimistic_plan, solve_lazily
 from ..costing.session import CostingSession
 from ..kernels.fused import structural_key
 from ..lowering.primitive_kinds import LINEAR, POOLING_OPS
@@ -154,8 +153,8 @@ def cost_what_plans_need(kept_kernels, predicted, stock_keys, anchors, solve, ke
     best, solve_on = dict(measure(first)), _with_seconds(solve, key_of_candidate)
     if beat_seconds is not None:
         known = default_schedule_costs(kept_kernels, _measured(best), tuning_log)
-        bound = solve_on(optimistic_costs(calibrated_predictions(
-            predicted, known, _library_apart(anchors, known)), known, margin), False)[2]
+        bound = optimistic_plan(lambda costs: solve_on(costs, False), predicted, known, margin,
+                                _library_apart(anchors, known))[2]
         if bound > beat_seconds:
             logger.info("this layout cannot win: its optimistic plan models %.3f ms, above "
                         "the %.3f ms of a layout planned before; not measured further",

@@ -168,15 +168,16 @@ def plan_in_layout(source: tvm.IRModule, mod: tvm.IRModule, layout: str, config:
                   if found.candidates[i].is_stock and found.kernels.keys[i] is not None}
     with (nullcontext(measure_with) if measure_with
           else profiler_measurement(session, priced.predicted, config.time_budget)) as measure:
-        costs, first_choice = cost_what_plans_need(
+        costed = cost_what_plans_need(
             priced.kept_kernels, priced.predicted, stock_keys,
             work_anchors(found.graph, found.candidates, priced.kept, found.kernels.keys), solve,
             found.kernels.keys, config, session.tuning_log, measure,
             library_keys={key for key, module in priced.kept_kernels.items()
                           if session.has_library(module)},
-            beat_seconds=None if beat_ms is None else beat_ms / 1e3) or (None, None)
-    if costs is None:
+            beat_seconds=None if beat_ms is None else beat_ms / 1e3)
+    if costed is None:
         return None
+    costs, first_choice = costed
     clock.lap("measurement")
     shares = tuning_shares(first_choice, found.kernels.keys, priced.kept_kernels, costs,
                            session.tuning_log) if config.tunes else Counter()
