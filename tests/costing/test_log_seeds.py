@@ -9,7 +9,7 @@ import shutil
 import pytest
 
 from conftest import REPO
-from korch_tvm.backend.target import parse_target
+from korch_tvm.backend.target import CPU_TAG_VARIABLE, parse_target
 from korch_tvm.costing.log_seeds import (SEED_FILE, Seed, seed_log, seed_roots, tag_isa,
                                          target_isa, user_log_root)
 from korch_tvm.costing.measure import profile_kernels, _default_schedules
@@ -112,10 +112,13 @@ def test_seed_predictions_are_calibrated_by_default_times_measured_in_both(tmp_p
 
 @pytest.mark.skipif(target_isa(parse_target("llvm")) != tag_isa(SHIPPED_TAG),
                     reason="this CPU's vector ISA is not the shipped log's")
-def test_the_shipped_log_seeds_this_cpu_as_predictions_and_starting_points(tmp_path, caplog):
+def test_the_shipped_log_seeds_this_cpu_as_predictions_and_starting_points(tmp_path, caplog,
+                                                                          monkeypatch):
     """This machine (another CPU of the shipped log's ISA) is seeded for real: the shipped
     best schedules are measured here beside the defaults, the faster result is committed, and
     no foreign time becomes a cost."""
+    # another CPU even on a znver4 host, whose own log the shipped one would otherwise be
+    monkeypatch.setenv(CPU_TAG_VARIABLE, "unshipped-test")
     target = parse_target("llvm")
     before = digest(SHIPPED)
     local = TuningLog(tmp_path, target)
@@ -180,6 +183,7 @@ def test_a_seeded_plan_predicts_from_the_seed(tmp_path, monkeypatch):
     from korch_tvm.pipeline.korch import plan_korch
 
     monkeypatch.setenv("KORCH_TVM_SEED_LOGS", str(SHIPPED))
+    monkeypatch.setenv(CPU_TAG_VARIABLE, "unshipped-test")  # not the shipped log's CPU
     config = KorchConfig(target=parse_target("llvm"), tuning_logs=str(tmp_path), layout="NCHW")
     import onnx
 
