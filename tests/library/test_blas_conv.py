@@ -1,4 +1,5 @@
-"""The extension's im2col + GEMM convolution against a numpy reference, and its refusals."""
+"""The extension's convolutions (im2col + GEMM, and the direct kernel for narrow groups) against
+a numpy reference, and their refusals."""
 
 import numpy as np
 import pytest
@@ -111,3 +112,63 @@ def test_sconv2d_refuses_operands_that_do_not_fit_before_y_is_written(blas_exten
                 tvm.runtime.tensor(args["x"]), tvm.runtime.tensor(args["w"]), 0, *args["stride"],
                 *args["pad"], *args["dilation"], args["groups"], *epilogue, y)
         assert not y.numpy().any(), change
+
+
+def sgconv2d(x, w, stride, pad, dilation, groups, out_shape, steps=None, operands=()):
+    """The direct grouped kernel, NHWC / HWIO operands from NCHW / OIHW ones; Y back in NCHW."""
+    y = tvm.runtime.tensor(np.full(out_shape, np.nan, dtype="float32"))
+    epilogue = () if steps is None else (steps, *[tvm.runtime.tensor(o) for o in operands])
+    tvm.get_global_func("korch_tvm.blas.sgconv2d")(
+        tvm.runtime.tensor(x.transpose(0, 2, 3, 1).copy()),
+        tvm.runtime.tensor(w.transpose(2, 3, 1, 0).copy()), 1, *stride, *pad, *dilation, groups,
+        *epilogue, y)
+    return y.numpy().transpose(0, 3, 1, 2)
+
+
+GROUPED_CASES = [  # (N, C, H, W), (K, C/G, R, S), stride, pad (top, left), dilation, groups, after
+    ((1, 48, 12, 12), (48, 8, 3, 3), (2, 2), (1, 1), (1, 1), 6, None),     # RegNet's, strided
+    ((2, 16, 9, 13), (16, 8, 3, 3), (1, 1), (1, 1), (1, 1), 2, None),      # Q not a tile multiple
+    ((1, 32, 7, 7), (32, 4, 3, 3), (1, 1), (1, 1), (1, 1), 8, None),       # 4 per group
+    ((1, 12, 6, 10), (32, 6, 3, 3), (1, 2), (2, 0), (2, 1), 2, (2, 1)),    # C/G 6, K/G 16, dilated
+    ((1, 64, 5, 5), (64, 16, 3, 3), (1, 1), (1, 1), (1, 1), 4, None),      # 16 per group
+    ((1, 32, 4, 6), (32, 8, 1, 3), (1, 1), (0, 1), (1, 1), 4, None),       # 1x3 window
+    ((1, 8, 5, 5), (16, 4, 3, 3), (1, 1), (0, 0), (1, 1), 2, (1, 1)),      # padding after only
+]
+
+
+@pytest.mark.parametrize("case", GROUPED_CASES, ids=[f"case{i}" for i in range(len(GROUPED_CASES))])
+def test_sgconv2d_matches_the_reference(blas_extension, case):
+    x_shape, w_shape, stride, pad, dilation, groups, pad_after = case
+    x, w = RNG.standard_normal(x_shape, "float32"), RNG.standard_normal(w_shape, "float32")
+    want = reference_conv(x, w, stride, pad, dilation, groups, pad_after)
+    got = sgconv2d(x, w, stride, pad, dilation, groups, want.transpose(0, 2, 3, 1).shape)
+    assert rel_err(got, want) <= 1e-5
+
+
+def test_sgconv2d_applies_a_per_channel_bias_and_activation(blas_extension):
+    x, w = RNG.standard_normal((1, 24, 8, 8), "float32"), RNG.standard_normal((24, 8, 3, 3),
+                                                                              "float32")
+    bias = RNG.standard_normal(24, "float32")
+    want = np.maximum(reference_conv(x, w, (1, 1), (1, 1), (1, 1), 3)
+                      + bias[None, :, None, None], 0.0)
+    got = sgconv2d(x, w, (1, 1), (1, 1), (1, 1), 3, (1, 8, 8, 24), "bias_n relu",
+                   [bias.reshape(1, 1, 1, 24)])
+    assert rel_err(got, want) <= 1e-5
+
+
+@pytest.mark.parametrize("nhwc, groups, width, message", [
+    (True, 4, 3, "groups of 4, 8 or 16 output channels, got 4 groups of 3"),
+    (True, 2, 32, "got 2 groups of 32"),
+    (True, 1, 8, "at least 2 groups"),
+    (False, 2, 8, "in NCHW"),
+])
+def test_sgconv2d_refuses_what_it_has_no_kernel_for(blas_extension, nhwc, groups, width,
+                                                     message):
+    k = groups * width
+    x = np.ones((1, k, 6, 6) if not nhwc else (1, 6, 6, k), "float32")
+    w = np.ones((k, width, 3, 3) if not nhwc else (3, 3, width, k), "float32")
+    y = tvm.runtime.tensor(np.zeros(x.shape, "float32"))
+    with pytest.raises(ValueError, match=message):
+        tvm.get_global_func("korch_tvm.blas.sgconv2d")(
+            tvm.runtime.tensor(x), tvm.runtime.tensor(w), int(nhwc), 1, 1, 1, 1, 1, 1, groups, y)
+    assert not y.numpy().any()

@@ -43,7 +43,14 @@ CASES = {  # name: (input shapes, body, expected spec fields, the steps matched)
     "nhwc_grouped_3x3": (
         [(1, 7, 7, 8), (3, 3, 2, 8)], lambda x, w: R.nn.conv2d(x, w, padding=1, groups=4, **NHWC),
         dict(nhwc=True, c=8, k=8, groups=4), []),
+    "nhwc_narrow_groups_bias_relu": (
+        [(1, 9, 9, 16), (3, 3, 8, 16), (1, 1, 1, 16)],
+        lambda x, w, b: R.nn.relu(R.add(R.nn.conv2d(x, w, padding=1, groups=2, **NHWC), b)),
+        dict(nhwc=True, c=16, k=16, groups=2), ["bias_n", "relu"]),
 }
+# The routine each form is computed by where it is not im2col + GEMM: groups of 8 output
+# channels, in NHWC, have the extension's direct kernel.
+ROUTINES = {"nhwc_narrow_groups_bias_relu": "korch.sgconv2d"}
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
@@ -56,7 +63,7 @@ def test_each_convolution_form_is_matched_and_computes_tvm_s_result(blas_extensi
     assert [step.token() for step in spec.epilogue] == steps
     assert match_gemm(kernel) is None
     [implementation] = implementations_for(kernel)
-    assert implementation.name == "+".join(["openblas.sconv2d"] + steps)
+    assert implementation.name == "+".join([ROUTINES.get(name, "openblas.sconv2d")] + steps)
     assert entry_problem(entry_key(implementation), 1e-4) is None
     library = UseLibraryGemm()(mod)
     assert not kernels(library), "the whole fused kernel became the library call"

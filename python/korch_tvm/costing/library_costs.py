@@ -36,8 +36,8 @@ logger = logging.getLogger("korch_tvm.library_costs")
 
 LIBRARY_TIMES_FILE = "library_times.json"
 FORMAT_VERSION = 1
-KNOWN_IMPLEMENTATIONS = ("openblas.sgemm", "openblas.sbgemm", "openblas.sconv2d", "cublas.sgemm",
-                         "cublas.sbgemm")
+KNOWN_IMPLEMENTATIONS = ("openblas.sgemm", "openblas.sbgemm", "openblas.sconv2d", "korch.sgconv2d",
+                         "cublas.sgemm", "cublas.sbgemm")
 # A library call: implementation, then every spec field its time depends on (GemmSpec.key,
 # ConvSpec.key). The name is the routine, then "+<step>" per epilogue step
 # (library/epilogue_match.py).
@@ -145,7 +145,7 @@ class LibraryTimes:
             return None
         if time.perf_counter() - self._last_measured > 1.0:   # the first of a batch
             time.sleep(SETTLE_SECONDS)
-        cold = implementation.name.startswith("openblas")
+        cold = not implementation.name.startswith("cublas.")   # the CPU's calls: timed cold
         seconds = min(implementation.measure(cold=cold) for _ in range(MEASURE_ROUNDS))
         note_parallel_work()  # the call ran on this process's TVM pool
         assert entry_problem(key, seconds) is None, f"{key}: measured {seconds!r}"

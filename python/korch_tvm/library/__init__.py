@@ -1,5 +1,5 @@
-"""Vendor-library kernels (OpenBLAS GEMM and im2col convolution on CPU; cuBLAS behind a build
-flag) as candidates.
+"""Vendor-library kernels (OpenBLAS GEMM and im2col convolution on CPU, beside the extension's
+own direct kernel for convolutions of narrow groups; cuBLAS behind a build flag) as candidates.
 
 `implementations_for(kernel_mod)` says which library calls compute a kernel; an
 `Implementation` times itself (`measure()`) and emits its Relax call (`call(...)`);

@@ -13,6 +13,8 @@
 //       groups, Y)   a 2-D convolution as im2col + GEMM (conv_im2col.h has the layouts); its
 //       epilogue sees Y as the GEMM's C: [N*K, P*Q] rows in NCHW (bias_m per channel),
 //       [N*P*Q, K] in NHWC (bias_n per channel).
+//   korch_tvm.blas.sgconv2d(..the same arguments..)   a grouped NHWC convolution of 4, 8 or 16
+//       output channels per group computed directly (conv_grouped.h), no BLAS call.
 //   Each with an epilogue: (.., steps, operands.., C), steps a string such as "bias_n gelu_erf"
 //       applied to C in order (gemm_epilogue.h).
 // op(X) is X, or X's last two axes swapped when its flag is nonzero. Every tensor must be a
@@ -31,6 +33,7 @@
 #include <string>
 #include <vector>
 
+#include "conv_grouped.h"
 #include "conv_im2col.h"
 #include "gemm_epilogue.h"
 #include "gemm_operands.h"
@@ -263,10 +266,35 @@ void RunConv(const float* x, const float* w, float* y, const ConvShape& s, const
   }
 }
 
-// sconv2d: (X, W, nhwc, stride_h, stride_w, pad_top, pad_left, dil_h, dil_w, groups, Y), or
-// with (steps, operands..) before Y. Every operand is checked before Y is written.
-void ConvCall(tvm::ffi::PackedArgs args) {
-  const char* fn = "korch_tvm.blas.sconv2d";
+struct GroupedJob {
+  const float *x, *w;
+  float* y;
+  const ConvShape* shape;
+};
+
+int RunGroupedRows(int task_id, TVMParallelGroupEnv* penv, void* cdata) {
+  auto* job = static_cast<GroupedJob*>(cdata);
+  int64_t begin, end;
+  TaskRows(task_id, penv, job->shape->n * job->shape->p, &begin, &end);
+  korch_tvm::conv::GroupedRows(job->x, job->w, job->y, *job->shape, begin, end);
+  return 0;
+}
+
+// The direct grouped convolution over the N * P output rows, on TVM's pool when large enough
+// to pay for waking it.
+void RunGroupedConv(const float* x, const float* w, float* y, const ConvShape& s) {
+  GroupedJob job{x, w, y, &s};
+  if (s.n * s.positions() * s.k < (1 << 14)) {
+    RunGroupedRows(0, nullptr, &job);
+  } else {
+    TVMBackendParallelLaunch(RunGroupedRows, &job, 0);
+  }
+}
+
+// sconv2d / sgconv2d: (X, W, nhwc, stride_h, stride_w, pad_top, pad_left, dil_h, dil_w, groups,
+// Y), or with (steps, operands..) before Y. Every operand is checked before Y is written.
+void ConvCall(tvm::ffi::PackedArgs args, bool direct) {
+  const char* fn = direct ? "korch_tvm.blas.sgconv2d" : "korch_tvm.blas.sconv2d";
   int count = args.size();
   if (count < 11) {
     TVM_FFI_THROW(TypeError) << fn << ": expects (X, W, nhwc, stride_h, stride_w, pad_top, "
@@ -280,6 +308,11 @@ void ConvCall(tvm::ffi::PackedArgs args) {
   for (int i = 0; i < 7; ++i) params[i] = args[3 + i].cast<int64_t>();
   ConfigureThreads();
   ConvShape s = korch_tvm::conv::CheckConv(x, w, y, nhwc, params, fn);
+  if (direct && !korch_tvm::conv::HasDirectGroupedKernel(s)) {
+    TVM_FFI_THROW(ValueError) << fn << ": needs an NHWC convolution of at least 2 groups of 4, "
+                              << "8 or 16 output channels, got " << s.groups
+                              << " groups of " << s.group_out() << (nhwc ? "" : " in NCHW");
+  }
   // The epilogue's view of Y: one GEMM output of N*K rows of P*Q (NCHW) or N*P*Q rows of K.
   GemmShape as_gemm = nhwc ? GemmShape{s.positions(), s.k, s.window()}
                            : GemmShape{s.k, s.positions(), s.window()};
@@ -291,7 +324,11 @@ void ConvCall(tvm::ffi::PackedArgs args) {
     std::string text = args[10].cast<tvm::ffi::String>();
     steps = korch_tvm::gemm::ParseEpilogue(text, operands, y, as_gemm, fn);
   }
-  RunConv(DataOf(x), DataOf(w), DataOf(y), s, fn);
+  if (direct) {
+    RunGroupedConv(DataOf(x), DataOf(w), DataOf(y), s);
+  } else {
+    RunConv(DataOf(x), DataOf(w), DataOf(y), s, fn);
+  }
   ApplyEpilogue(steps, y, g);
 }
 
@@ -321,7 +358,11 @@ TVM_FFI_STATIC_INIT_BLOCK() {
                       }), true);
   Function::SetGlobal("korch_tvm.blas.sconv2d", Function::FromPacked([](tvm::ffi::PackedArgs args,
                                                                         tvm::ffi::Any*) {
-                        ConvCall(args);
+                        ConvCall(args, false);
+                      }), true);
+  Function::SetGlobal("korch_tvm.blas.sgconv2d", Function::FromPacked([](tvm::ffi::PackedArgs args,
+                                                                         tvm::ffi::Any*) {
+                        ConvCall(args, true);
                       }), true);
   Function::SetGlobal("korch_tvm.blas.set_num_threads", Function::FromTyped(SetThreads), true);
   Function::SetGlobal("korch_tvm.blas.num_threads", Function::FromTyped(GetThreads), true);

@@ -20,7 +20,7 @@ from pathlib import Path
 SOURCE_DIR = Path(__file__).resolve().parent
 BLAS_SOURCE = SOURCE_DIR / "blas_ext.cc"
 # The headers the extensions include (operand checks, the epilogue), hashed with each source.
-HEADERS = ("gemm_operands.h", "gemm_epilogue.h", "conv_im2col.h")
+HEADERS = ("gemm_operands.h", "gemm_epilogue.h", "conv_im2col.h", "conv_grouped.h")
 _COMPILE_TIMEOUT_S = 600
 
 
@@ -144,8 +144,10 @@ def build_blas_extension(directory: Path | None = None, force: bool = False) -> 
     runtime = _tvm_runtime_library()
     build_atomically(
         object_path, shared_path,
-        # -fno-trapping-math lets the epilogue's activation loops vectorise (gemm_epilogue.h)
-        lambda obj: ([cxx, "-std=c++17", "-O3", "-fno-trapping-math", "-fPIC", "-c",
+        # -fno-trapping-math lets the epilogue's activation loops vectorise (gemm_epilogue.h);
+        # -ffp-contract=fast lets a multiply-add be one FMA (conv_grouped.h), as in the BLAS
+        lambda obj: ([cxx, "-std=c++17", "-O3", "-fno-trapping-math", "-ffp-contract=fast",
+                      "-fPIC", "-c",
                       str(BLAS_SOURCE),
                       f"-I{ffi_include}", f"-I{blas_include}", "-o", str(obj)],
                      "compiling blas_ext.cc"),

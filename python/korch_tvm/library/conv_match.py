@@ -28,6 +28,9 @@ _INT32_MAX = 2**31 - 1
 # The im2col matrix stays below this many floats (the extension refuses 2**30); a convolution
 # that needs more keeps its TVM kernel.
 MAX_COLUMN_FLOATS = 2**28
+# Output channels per group that the extension's direct grouped kernel handles
+# (conv_grouped.h's kDirectGroupWidths).
+DIRECT_GROUP_WIDTHS = (4, 8, 16)
 
 
 @dataclass(frozen=True)
@@ -54,7 +57,13 @@ class ConvSpec:
     w_input: int
     epilogue: tuple[EpilogueStep, ...] = ()
 
-    routine = "sconv2d"
+    @property
+    def routine(self) -> str:
+        """The direct kernel for an NHWC convolution of narrow groups, whose im2col + GEMM
+        would be one GEMM a few columns wide per group; im2col + GEMM otherwise."""
+        direct = (self.nhwc and self.groups >= 2
+                  and self.k // self.groups in DIRECT_GROUP_WIDTHS)
+        return "sgconv2d" if direct else "sconv2d"
 
     @property
     def main_inputs(self) -> tuple[int, int]:

@@ -2,7 +2,8 @@
 
 `implementations_for(kernel_mod)` lists the vendor calls that compute exactly what the kernel
 computes (today: one OpenBLAS GEMM or batched GEMM when the kernel is a float32 GEMM, or one
-im2col + GEMM call when it is a float32 2-D convolution, with its epilogue of bias / residual
+im2col + GEMM call when it is a float32 2-D convolution, a direct kernel of the extension's own
+when that convolution has narrow groups, with its epilogue of bias / residual
 adds and activations applied inside the call; cuBLAS for a plain GEMM).
 Each `Implementation` times itself on this machine and emits the Relax call that replaces the
 kernel's `call_tir`, so costing and the plan rewrite meet through this one record.
@@ -27,6 +28,9 @@ from .gemm_match import GemmSpec, match_gemm
 # What a library call computes: its two main operands (`main_inputs`, `input_shapes()`), the
 # scalars after them (`scalar_arguments()`), its epilogue and its output (`output_shape()`).
 CallSpec = Union[GemmSpec, ConvSpec]
+# Routines of the extension that are its own code rather than a BLAS call (reported as
+# "korch.<routine>").
+OWN_ROUTINES = ("sgconv2d",)
 
 
 @dataclass(frozen=True)
@@ -69,6 +73,8 @@ def implementations_for(kernel_mod: tvm.IRModule, device: str = "cpu") -> list[I
     if not loaded:
         return []
     vendor, prefix = ("openblas", BLAS_PREFIX) if device == "cpu" else ("cublas", CUBLAS_PREFIX)
+    if spec.routine in OWN_ROUTINES:
+        vendor = "korch"
     name = "+".join([f"{vendor}.{spec.routine}"] + [step.token() for step in spec.epilogue])
     return [Implementation(name, prefix + spec.routine, spec)]
 
