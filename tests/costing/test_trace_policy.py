@@ -110,6 +110,8 @@ def test_the_pragma_import_attack_is_refused_by_the_log_and_never_replayed(tmp_p
     ("CacheRead", ["b0"], [0, "../../global"], "attribute 1"),
     ("Split", ["{loop}", ['"x"', 2]], [True], "is not a variable"),
     ("GetSBlock", [], ["root", "main$"], "attribute 1"),
+    # removing TOPI's custom-rule name is what the search does; setting one is not
+    ("Annotate", ["{loop}", '"meta_schedule.pool_max"'], ["schedule_rule"], "schedule_rule"),
 ])
 def test_instructions_outside_the_allowlist_are_refused(kind, inputs, attrs, why):
     _, record = tuned_record()
@@ -225,3 +227,42 @@ def test_what_metaschedule_and_dlight_make_passes(kind):
         check_record(_as_logged(default_schedule(kernel, target), kernel, target))
         checked += 1
     assert checked >= 3
+
+
+def _max_pool():
+    """TOPI's max pooling, whose block names a custom rule ("schedule_rule") that MetaSchedule
+    removes before scheduling it: every design space's trace holds that Unannotate."""
+    from tvm import te, topi
+
+    x = te.placeholder((1, 16, 16, 8), name="x")
+    out = topi.nn.pool2d(x, kernel=(3, 3), stride=(2, 2), dilation=(1, 1),
+                         padding=(1, 1, 1, 1), pool_type="max", layout="NHWC")
+    return te.create_prim_func([x, out])
+
+
+def test_metaschedule_s_search_of_a_pooling_kernel_passes():
+    """A tuned ResNet-18 lost every record of its max-pool kernel to the policy (the search's
+    `unannotate(block, "schedule_rule")`); the removal is allowed now, and only the removal."""
+    from korch_tvm.costing.metaschedule_setup import skip_gpu_tensor_intrin
+
+    skip_gpu_tensor_intrin()
+    import tvm
+    from tvm.s_tir import meta_schedule as ms
+
+    kernel = tvm.IRModule({"main": _max_pool().with_attr("global_symbol", "main")})
+    assert "schedule_rule" in kernel.script()
+    target = parse_target({"kind": "llvm", "mcpu": "znver4", "num-cores": 2})
+    space = ms.space_generator.PostOrderApply(
+        sch_rules=ms.ScheduleRule.create("llvm"), postprocs=ms.Postproc.create("llvm"),
+        mutator_probs=ms.Mutator.create("llvm"))
+    context = ms.TuneContext(kernel, target=target, space_generator=space, task_name="pool",
+                             rand_state=1)
+    removals = 0
+    for space in context.generate_design_space():
+        schedule = tvm.s_tir.Schedule(kernel)
+        space.trace.apply_to_schedule(schedule, remove_postproc=True)
+        assert all(postproc.apply(schedule) for postproc in context.space_generator.postprocs)
+        record = _as_logged(schedule, kernel, target)
+        removals += '"schedule_rule"' in json.dumps(record)
+        check_record(record)
+    assert removals >= 1

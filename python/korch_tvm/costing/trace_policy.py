@@ -95,6 +95,12 @@ ANNOTATIONS = {
     "permuted_layout": _QUOTED_NAME,
 }
 
+# Keys MetaSchedule only removes: its search drops a block's "schedule_rule" (the attribute by
+# which TOPI names a custom rule, e.g. max pooling's "meta_schedule.pool_max") before its own
+# rules schedule the block. Setting one would name a function for a later search to look up, so
+# only the removal is allowed.
+REMOVED_ONLY = frozenset({"schedule_rule"})
+
 # ---- IndexMap JSON -------------------------------------------------------------------------
 # Node types of a layout map of plain index arithmetic (TVM's JSON graph), with the fields each
 # may have. Every field is a reference to another node, except `dtype`.
@@ -200,7 +206,7 @@ def _check_annotation(kind: str, inputs: list, attrs: list) -> None:
         raise Refused(f"{kind}: the attributes are not one annotation key")
     key = attrs[0]
     expected = ANNOTATIONS.get(key)
-    if expected is None:
+    if expected is None and not (kind == "Unannotate" and key in REMOVED_ONLY):
         raise Refused(f"annotation key {_clip(key)} is not one MetaSchedule writes")
     if not (inputs and isinstance(inputs[0], str) and _RV.fullmatch(inputs[0])):
         raise Refused(f"{kind} {key}: the target is not a block or loop of the trace")
