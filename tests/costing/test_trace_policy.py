@@ -193,6 +193,27 @@ def _as_logged(schedule, kernel, target):
     return json.loads(json.dumps(_record_json(record)))
 
 
+def _design_space_records(kernel, target, kind: str):
+    """(the logged records of the design spaces MetaSchedule's default rules of `kind` make
+    for `kernel`, those whose postprocessors apply; how many spaces there were)."""
+    import tvm
+    from tvm.s_tir import meta_schedule as ms
+
+    space = ms.space_generator.PostOrderApply(
+        sch_rules=ms.ScheduleRule.create(kind), postprocs=ms.Postproc.create(kind),
+        mutator_probs=ms.Mutator.create(kind))
+    context = ms.TuneContext(kernel, target=target, space_generator=space, task_name="k",
+                             rand_state=1)
+    records, spaces = [], 0
+    for space in context.generate_design_space():
+        spaces += 1
+        schedule = tvm.s_tir.Schedule(kernel)
+        space.trace.apply_to_schedule(schedule, remove_postproc=True)
+        if all(postproc.apply(schedule) for postproc in context.space_generator.postprocs):
+            records.append(_as_logged(schedule, kernel, target))
+    return records, spaces
+
+
 @pytest.mark.parametrize("kind", ["llvm", "cuda"])
 def test_what_metaschedule_and_dlight_make_passes(kind):
     """Every design space MetaSchedule's default rules make, with its postprocessors applied
@@ -202,7 +223,6 @@ def test_what_metaschedule_and_dlight_make_passes(kind):
 
     skip_gpu_tensor_intrin()  # as CPU tuning does: parsing every GPU intrinsic takes ~30 s
     import tvm
-    from tvm.s_tir import meta_schedule as ms
 
     from korch_tvm.backend.cuda import default_schedule
 
@@ -211,18 +231,10 @@ def test_what_metaschedule_and_dlight_make_passes(kind):
                           else {"kind": "cuda", "arch": "sm_90"})
     # the default rules of the kind; for float32 kernels CUDA's tensor-core rules (which need
     # the GPU intrinsics parsed) schedule as these do
-    space = ms.space_generator.PostOrderApply(
-        sch_rules=ms.ScheduleRule.create(kind), postprocs=ms.Postproc.create(kind),
-        mutator_probs=ms.Mutator.create(kind))
-    context = ms.TuneContext(kernel, target=target, space_generator=space, task_name="k",
-                             rand_state=1)
-    checked = 0
-    for space in context.generate_design_space():
-        schedule = tvm.s_tir.Schedule(kernel)
-        space.trace.apply_to_schedule(schedule, remove_postproc=True)
-        if all(postproc.apply(schedule) for postproc in context.space_generator.postprocs):
-            check_record(_as_logged(schedule, kernel, target))
-            checked += 1
+    records, _ = _design_space_records(kernel, target, kind)
+    for record in records:
+        check_record(record)
+    checked = len(records)
     if kind == "cuda":
         check_record(_as_logged(default_schedule(kernel, target), kernel, target))
         checked += 1
@@ -247,22 +259,12 @@ def test_metaschedule_s_search_of_a_pooling_kernel_passes():
 
     skip_gpu_tensor_intrin()
     import tvm
-    from tvm.s_tir import meta_schedule as ms
 
     kernel = tvm.IRModule({"main": _max_pool().with_attr("global_symbol", "main")})
     assert "schedule_rule" in kernel.script()
     target = parse_target({"kind": "llvm", "mcpu": "znver4", "num-cores": 2})
-    space = ms.space_generator.PostOrderApply(
-        sch_rules=ms.ScheduleRule.create("llvm"), postprocs=ms.Postproc.create("llvm"),
-        mutator_probs=ms.Mutator.create("llvm"))
-    context = ms.TuneContext(kernel, target=target, space_generator=space, task_name="pool",
-                             rand_state=1)
-    removals = 0
-    for space in context.generate_design_space():
-        schedule = tvm.s_tir.Schedule(kernel)
-        space.trace.apply_to_schedule(schedule, remove_postproc=True)
-        assert all(postproc.apply(schedule) for postproc in context.space_generator.postprocs)
-        record = _as_logged(schedule, kernel, target)
-        removals += '"schedule_rule"' in json.dumps(record)
+    records, spaces = _design_space_records(kernel, target, "llvm")
+    assert len(records) == spaces    # every design space's postprocessors apply
+    for record in records:
         check_record(record)
-    assert removals >= 1
+    assert sum('"schedule_rule"' in json.dumps(record) for record in records) >= 1
