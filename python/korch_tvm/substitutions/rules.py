@@ -15,6 +15,7 @@ from .alternative import Alternative, SubstitutionRule
 from .division_after_matmul import DivisionAfterMatmul, ScaleBeforeMatmul
 from .layout_chain import FoldLayoutChain
 from .merge_shared_input import MergeConvolutionsSharingInput, MergeMatmulsSharingInput
+from .ones_column_split import OnesColumnSplit
 from .split_fused_projection import SplitFusedProjection
 from .sum_as_matmul import MatmulAsSum, SumAsMatmul
 from .sum_in_value_matmul import SumInValueMatmul
@@ -27,6 +28,7 @@ ALL_RULES: tuple[SubstitutionRule, ...] = (
     SumAsMatmul(),
     MatmulAsSum(),
     SumInValueMatmul(),
+    OnesColumnSplit(),
     MergeMatmulsSharingInput(),
     MergeConvolutionsSharingInput(),
     SplitFusedProjection(),
