@@ -28,7 +28,7 @@ PATHS = {"segformer_block": ROOT / "models" / "segformer_block.onnx",
 # once per block; BERT's one mask reshape chain that composes to a reshape; the SegFormer
 # block's K/V reshape+permute chains that compose to reshapes; the BERT layer's 64 x 64 heads
 # (d = n: the moved division touches as many elements); MIT EfficientViT's ones column (its
-# ONNX Pad, a Concat since frontend/onnx_pads) taken apart once per linear-attention block
+# ONNX Pad, a Concat since frontend/onnx_rewrites) taken apart once per linear-attention block
 EXPECTED = {
     "bert_layer": {"division_after_matmul": 1, "scale_before_matmul": 1, "sum_as_matmul": 1,
                    "sum_in_value_matmul": 1, "merge_matmuls_sharing_input": 1},

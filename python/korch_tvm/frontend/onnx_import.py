@@ -18,7 +18,7 @@ import onnx
 from onnx import numpy_helper
 
 from ..errors import EnvironmentFault, KorchError
-from .onnx_pads import rewrite_pads
+from .onnx_rewrites import rewrite_for_import
 
 logger = logging.getLogger("korch_tvm.frontend")
 
@@ -281,7 +281,7 @@ def import_onnx(model: onnx.ModelProto,
     from tvm.relax.frontend.onnx import from_onnx
 
     shapes = input_shapes(model, shape_overrides)
-    folded = rewrite_pads(fold_constant_shapes(model, shapes))
+    folded = rewrite_for_import(fold_constant_shapes(model, shapes))
     dtypes = input_dtypes(folded)
     try:
         return from_onnx(folded, shape_dict=shapes, dtype_dict=dtypes)

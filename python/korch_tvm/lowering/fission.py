@@ -38,11 +38,12 @@ Resize (other)             image.resize2d (layout kind)                        k
 MaxPool / AveragePool      nn.max_pool2d / nn.avg_pool2d (reduce kind)         kept
 GlobalAveragePool          mean                                                kept
 Concat, Transpose          concat, permute_dims                                kept
-Pad of zero widths         nothing (an Identity since ``frontend/onnx_pads``)  removed
-Pad (constant, one axis)   concat with a constant block (``onnx_pads``)        kept
+Pad of zero widths         nothing (an Identity, ``frontend/onnx_rewrites``)   removed
+Pad (constant, one axis)   concat with a constant block (``onnx_rewrites``)    kept
 Pad (other)                call_tir (the importer's own TIR)                   kept, opaque
 ReduceL2 / ReduceLogSumExp multiply/sum/sqrt, max/subtract/exp/sum/log/add     kept
-Clip with tensor bounds    isnan, where, call_tir (the importer's own TIR)     kept, opaque
+Clip, constant bounds      maximum, minimum (Max, Min: ``onnx_rewrites``)      kept
+Clip, run-time bounds      isnan, where, call_tir (the importer's own TIR)     kept, opaque
 Einsum                     call_tir                                            kept, opaque
 =========================  ==================================================  ====================
 
