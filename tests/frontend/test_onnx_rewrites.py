@@ -1,7 +1,7 @@
 """Nodes rewritten before import: a Pad of zero widths becomes an Identity, a constant Pad of
-one axis a Concat with a constant block, a Clip with constant bounds comparisons and Wheres;
-every other Pad and Clip stays. Rewritten models must compute what the original computes
-(ONNX Runtime on both)."""
+one axis a Concat with a constant block, a Clip with constant bounds comparisons and Wheres
+(one Relax clip after import); every other Pad and Clip stays. Rewritten models must compute
+what the original computes (ONNX Runtime on both; TVM on the imported clips)."""
 
 import numpy as np
 import onnx
@@ -63,12 +63,13 @@ def _clip_model(low=None, high=None, opset=13):
     return _one_node_model(helper.make_node("Clip", inputs, ["clipped"]), inits, SHAPE, opset)
 
 
-def _run(model):
+def _run(model, x=None):
     import onnxruntime
 
     session = onnxruntime.InferenceSession(model.SerializeToString(),
                                            providers=["CPUExecutionProvider"])
-    x = np.random.default_rng(0).standard_normal(SHAPE).astype(np.float32)
+    if x is None:
+        x = np.random.default_rng(0).standard_normal(SHAPE).astype(np.float32)
     return session.run(None, {"x": x})[0]
 
 
@@ -106,5 +107,20 @@ def test_the_imported_module_holds_relax_ops_not_tir_calls():
     script = import_onnx(_pad_model([0, 0, 0, 0, 0, 0, 0, 1], value=1.0))["main"].script()
     assert "R.concat" in script and "call_tir" not in script
     script = import_onnx(_clip_model(0.0, 6.0))["main"].script()
-    assert "R.less" in script and "R.greater" in script and "R.where" in script
-    assert "call_tir" not in script and "isnan" not in script
+    assert script.count("R.clip(x, T.float64(0.0), T.float64(6.0))") == 1
+    assert "call_tir" not in script and "isnan" not in script and "R.where" not in script
+
+
+@pytest.mark.parametrize("low, high, clips", [
+    (0.0, 6.0, 1), (None, 0.5, 1), (-0.5, float("nan"), 1), (2.0, 1.0, 2)])  # min > max: max
+def test_imported_clips_run_like_onnx_runtime(low, high, clips):
+    import tvm
+    from tvm import relax
+
+    model = _clip_model(low, high)
+    module = import_onnx(model)
+    assert module["main"].script().count("R.clip(") == clips
+    vm = relax.VirtualMachine(tvm.compile(module, "llvm"), tvm.cpu())
+    x = np.random.default_rng(0).standard_normal(SHAPE).astype(np.float32) * 4
+    got = vm["main"](tvm.runtime.tensor(x)).numpy()
+    np.testing.assert_allclose(got, _run(model, x), rtol=1e-6)

@@ -18,6 +18,7 @@ import onnx
 from onnx import numpy_helper
 
 from ..errors import EnvironmentFault, KorchError
+from .clamps import clamps_as_clip
 from .onnx_rewrites import rewrite_for_import
 
 logger = logging.getLogger("korch_tvm.frontend")
@@ -284,7 +285,7 @@ def import_onnx(model: onnx.ModelProto,
     folded = rewrite_for_import(fold_constant_shapes(model, shapes))
     dtypes = input_dtypes(folded)
     try:
-        return from_onnx(folded, shape_dict=shapes, dtype_dict=dtypes)
+        return clamps_as_clip(from_onnx(folded, shape_dict=shapes, dtype_dict=dtypes))
     except Exception as err:  # noqa: BLE001 - the importer raises many kinds
         message = _first_line(err)
         if type(err).__name__ == "OpNotImplemented":
