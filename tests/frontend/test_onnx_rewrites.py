@@ -124,3 +124,16 @@ def test_imported_clips_run_like_onnx_runtime(low, high, clips):
     x = np.random.default_rng(0).standard_normal(SHAPE).astype(np.float32) * 4
     got = vm["main"](tvm.runtime.tensor(x)).numpy()
     np.testing.assert_allclose(got, _run(model, x), rtol=1e-6)
+
+
+@pytest.mark.parametrize("model", [_clip_model(0.0, 6.0),
+                                   _pad_model([0, 0, 0, 0, 0, 0, 0, 1], value=1.0)])
+def test_explain_imports_what_compile_imports(model):
+    """`korch-tvm explain` imports through the tracing importer: it must see the same module."""
+    import tvm
+
+    from korch_tvm.frontend.onnx_trace import import_onnx_traced
+
+    traced, trace = import_onnx_traced(model)
+    assert trace is not None
+    tvm.ir.assert_structural_equal(traced, import_onnx(model))

@@ -4,7 +4,8 @@ Raw PyTorch exports compute shapes at run time (Shape -> Gather -> Concat -> Res
 built from sizes). TVM 0.27's importer rejects those ("Dynamic pads are not supported",
 "Reshape expects the input tensor to have known shape"), although every value involved is known
 once the input shapes are. So before `from_onnx` we give every input a static shape and evaluate
-the small constant subgraphs with ONNX's own reference evaluator.
+the small constant subgraphs with ONNX's own reference evaluator, then rewrite the operators the
+importer would make opaque (`onnx_rewrites`, `clamps`).
 """
 
 from __future__ import annotations
@@ -276,21 +277,34 @@ def _run_single_node(node, feeds, opsets):
     return [np.asarray(value) for value in outputs]
 
 
+def onnx_for_import(model: onnx.ModelProto,
+                    shape_overrides: Mapping[str, Sequence[int]] | None = None
+                    ) -> tuple[onnx.ModelProto, dict[str, list[int]]]:
+    """(The model TVM's importer reads: static input shapes, shape arithmetic folded, the
+    operators it would make opaque rewritten (`onnx_rewrites`); those input shapes)."""
+    shapes = input_shapes(model, shape_overrides)
+    return rewrite_for_import(fold_constant_shapes(model, shapes)), shapes
+
+
+def after_import(module):
+    """What the import of `onnx_for_import`'s model still needs: clamps as one `clip`."""
+    return clamps_as_clip(module)
+
+
 def import_onnx(model: onnx.ModelProto,
                 shape_overrides: Mapping[str, Sequence[int]] | None = None):
     """ONNX -> Relax `IRModule` with weights bound as constants and static input shapes."""
     from tvm.relax.frontend.onnx import from_onnx
 
-    shapes = input_shapes(model, shape_overrides)
-    folded = rewrite_for_import(fold_constant_shapes(model, shapes))
-    dtypes = input_dtypes(folded)
+    prepared, shapes = onnx_for_import(model, shape_overrides)
     try:
-        return clamps_as_clip(from_onnx(folded, shape_dict=shapes, dtype_dict=dtypes))
+        imported = from_onnx(prepared, shape_dict=shapes, dtype_dict=input_dtypes(prepared))
     except Exception as err:  # noqa: BLE001 - the importer raises many kinds
         message = _first_line(err)
         if type(err).__name__ == "OpNotImplemented":
             raise KorchError(f"{message} (TVM's ONNX importer has no converter for them)") from None
         raise KorchError(f"TVM could not import the ONNX model: {message}") from None
+    return after_import(imported)
 
 
 def _first_line(err: BaseException) -> str:

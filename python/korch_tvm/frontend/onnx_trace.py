@@ -126,17 +126,16 @@ def _first_traced(graph, start: int, exact, direction: str):
 
 def import_onnx_traced(model: onnx.ModelProto, shape_overrides=None):
     """(Relax module, OnnxTrace or None): `frontend.import_onnx`, plus the operator trace."""
-    from .onnx_import import fold_constant_shapes, import_onnx, input_dtypes, input_shapes
+    from .onnx_import import after_import, import_onnx, input_dtypes, onnx_for_import
 
-    shapes = input_shapes(model, shape_overrides)
-    folded = fold_constant_shapes(model, shapes)
+    prepared, shapes = onnx_for_import(model, shape_overrides)
     try:
         from tvm.relax.frontend.onnx.onnx_frontend import ONNXGraphImporter
 
-        importer = ONNXGraphImporter(shapes, input_dtypes(folded), keep_params_in_input=False,
+        importer = ONNXGraphImporter(shapes, input_dtypes(prepared), keep_params_in_input=False,
                                      sanitize=True)
-        module = importer.from_onnx(folded.graph, _default_opset(folded))
-        trace = _trace(folded, importer._nodes, module)  # noqa: SLF001 - see module docstring
+        module = after_import(importer.from_onnx(prepared.graph, _default_opset(prepared)))
+        trace = _trace(prepared, importer._nodes, module)  # noqa: SLF001 - see module docstring
     except Exception as err:  # noqa: BLE001 - the plain import names the error, or works
         logger.debug("ONNX operator tracing unavailable: %s", err)
         return import_onnx(model, shape_overrides), None
