@@ -137,3 +137,14 @@ def test_explain_imports_what_compile_imports(model):
     traced, trace = import_onnx_traced(model)
     assert trace is not None
     tvm.ir.assert_structural_equal(traced, import_onnx(model))
+
+
+def test_a_module_without_clamps_is_returned_as_it_is():
+    from tvm.relax.frontend.onnx import from_onnx
+
+    from korch_tvm.frontend.clamps import clamps_as_clip
+    from korch_tvm.frontend.onnx_import import onnx_for_import
+
+    prepared, shapes = onnx_for_import(_pad_model([0] * 8))
+    module = from_onnx(prepared, shape_dict=shapes)
+    assert clamps_as_clip(module) is module

@@ -21,7 +21,10 @@ _SIDES = {"relax.less": 0, "relax.greater": 1}  # which bound a select against i
 def clamps_as_clip(mod: tvm.IRModule) -> tvm.IRModule:
     """`mod` with each `where(x < c, c, x)` / `where(x > c, c, x)` (c a float scalar constant)
     a `clip`, and a clip of a clip merged into one (the inner stays where others read it)."""
-    clipped = mutate_relax_functions(_ClampsAsClip(mod), mod)
+    mutator = _ClampsAsClip(mod)
+    clipped = mutate_relax_functions(mutator, mod)
+    if not mutator.rewrote:
+        return mod  # untouched: no dead-code pass over models without such clamps
     return relax.transform.DeadCodeElimination()(clipped)
 
 
@@ -42,6 +45,8 @@ def _clip_bounds(call) -> tuple[float, float] | None:
 
 @relax.expr_functor.mutator
 class _ClampsAsClip(relax.PyExprMutator):
+    rewrote = False
+
     def visit_call_(self, call: relax.Call) -> relax.Expr:
         call = self.visit_expr_post_order(call)
         if getattr(call.op, "name", None) != "relax.where":
@@ -59,4 +64,5 @@ class _ClampsAsClip(relax.PyExprMutator):
         merged = None if inner is None else [max(bounds[0], inner[0]), min(bounds[1], inner[1])]
         if merged is not None and merged[0] <= merged[1]:  # then one clip equals the two
             other, bounds = self.lookup_binding(other).args[0], merged
+        self.rewrote = True
         return relax.op.clip(other, *bounds)
