@@ -148,3 +148,12 @@ def test_a_module_without_clamps_is_returned_as_it_is():
     prepared, shapes = onnx_for_import(_pad_model([0] * 8))
     module = from_onnx(prepared, shape_dict=shapes)
     assert clamps_as_clip(module) is module
+
+
+def test_a_bound_of_higher_rank_stays_a_select():
+    """where(x < c, c, x) with c of shape [1, 1, 1, 1, 1] broadcasts x to rank 5: no clip."""
+    model = _one_node_model(
+        helper.make_node("Clip", ["x", "low"], ["clipped"]),
+        [numpy_helper.from_array(np.zeros([1] * 5, np.float32), "low")], [1] + SHAPE, 13)
+    script = import_onnx(model)["main"].script()
+    assert "R.clip" not in script

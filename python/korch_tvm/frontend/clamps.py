@@ -56,7 +56,8 @@ class _ClampsAsClip(relax.PyExprMutator):
         bound = _scalar(chosen)
         if bound is None or math.isnan(bound) or not isinstance(test, relax.Call) \
                 or getattr(test.op, "name", None) not in _SIDES \
-                or not test.args[0].same_as(other) or not test.args[1].same_as(chosen):
+                or not test.args[0].same_as(other) or not test.args[1].same_as(chosen) \
+                or chosen.ty.ndim > other.ty.ndim:  # a bound of higher rank broadcasts x up
             return call
         bounds = [-math.inf, math.inf]
         bounds[_SIDES[test.op.name]] = bound
