@@ -20,6 +20,7 @@ from onnx import numpy_helper
 
 from ..errors import EnvironmentFault, KorchError
 from .clamps import clamps_as_clip
+from .onnx_facts import static_types
 from .onnx_rewrites import rewrite_for_import
 
 logger = logging.getLogger("korch_tvm.frontend")
@@ -114,11 +115,10 @@ def check_activations_fit(model: onnx.ModelProto, shapes: Mapping[str, Sequence[
     dtypes = input_dtypes(model)
     inputs = sum(_tensor_bytes(shape, dtypes.get(name, "float32"))
                  for name, shape in shapes.items())
-    declared = [_tensor_bytes([d.dim_value for d in value.type.tensor_type.shape.dim],
-                              onnx.helper.tensor_dtype_to_np_dtype(
-                                  value.type.tensor_type.elem_type).name)
+    facts = static_types(model.graph)
+    declared = [_tensor_bytes(facts[value.name][0], facts[value.name][1].name)
                 for value in list(model.graph.value_info) + list(model.graph.output)
-                if _has_static_shape(value)]
+                if facts.get(value.name, (None, None))[1] is not None]
     needed = 2 * inputs + max(declared, default=0)
     available = available_memory_bytes() if available is None else available
     if available is not None and needed > available:
@@ -142,13 +142,6 @@ def available_memory_bytes() -> int | None:
         return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     except (ValueError, OSError, AttributeError):
         return None
-
-
-def _has_static_shape(value) -> bool:
-    tensor_type = value.type.tensor_type
-    if not tensor_type.HasField("shape") or not tensor_type.elem_type:
-        return False
-    return all(d.HasField("dim_value") and d.dim_value > 0 for d in tensor_type.shape.dim)
 
 
 def _tensor_bytes(shape: Sequence[int], dtype: str) -> int:
@@ -200,7 +193,7 @@ def _fold_once(model: onnx.ModelProto) -> tuple[onnx.ModelProto, bool]:
         logger.debug("ONNX shape inference failed: %s", _first_line(err))
     graph = model.graph
     constants = {init.name: numpy_helper.to_array(init) for init in graph.initializer}
-    static = _static_shapes(graph)
+    static = {name: shape for name, (shape, _) in static_types(graph).items()}
     opsets = {o.domain: o.version for o in model.opset_import}
     kept, changed = [], False
     for node in graph.node:
@@ -221,18 +214,6 @@ def _fold_once(model: onnx.ModelProto) -> tuple[onnx.ModelProto, bool]:
     # Stale value_info would pin tensors to shapes inferred before folding.
     del graph.value_info[:]
     return model, True
-
-
-def _static_shapes(graph: onnx.GraphProto) -> dict[str, list[int]]:
-    shapes = {}
-    for value in list(graph.input) + list(graph.value_info) + list(graph.output):
-        tensor_type = value.type.tensor_type
-        if not tensor_type.HasField("shape"):
-            continue
-        dims = tensor_type.shape.dim
-        if all(d.HasField("dim_value") for d in dims):
-            shapes[value.name] = [int(d.dim_value) for d in dims]
-    return shapes
 
 
 def _evaluate(node, constants, static, opsets):

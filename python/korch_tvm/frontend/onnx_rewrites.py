@@ -25,6 +25,8 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from .onnx_facts import default_opset, static_types
+
 _MODES_WHERE_ZERO_IS_IDENTITY = ("constant", "edge", "reflect", "wrap")
 
 
@@ -35,9 +37,11 @@ class _Graph:
     def __init__(self, model: onnx.ModelProto):
         graph = model.graph
         self.constants = {init.name: numpy_helper.to_array(init) for init in graph.initializer}
-        self.types = _static_types(onnx.shape_inference.infer_shapes(model).graph)
-        self.opset = next((entry.version for entry in model.opset_import
-                           if entry.domain in ("", "ai.onnx")), 1)
+        # typed values only: a rewrite builds constants of its input's dtype
+        self.types = {name: (shape, dtype) for name, (shape, dtype) in
+                      static_types(onnx.shape_inference.infer_shapes(model).graph).items()
+                      if dtype is not None}
+        self.opset = default_opset(model)
         self.added: list[onnx.TensorProto] = []
         self._taken = set(self.constants) | {value.name for value in graph.input} \
             | {name for node in graph.node for name in node.output}
@@ -185,22 +189,6 @@ def _clip_bounds(node, graph: _Graph):
             return None
         names.append(None if np.isnan(bound).any() else node.input[index])
     return tuple(names)
-
-
-def _static_types(graph) -> dict[str, tuple[list[int], np.dtype]]:
-    """Name -> (static shape, numpy dtype) of every value whose shape inference fixed both."""
-    types = {}
-    for value in list(graph.input) + list(graph.value_info) + list(graph.output):
-        tensor_type = value.type.tensor_type
-        dims = tensor_type.shape.dim if tensor_type.HasField("shape") else None
-        if not tensor_type.elem_type or dims is None \
-                or not all(dim.HasField("dim_value") for dim in dims):
-            continue
-        types[value.name] = ([int(dim.dim_value) for dim in dims],
-                             helper.tensor_dtype_to_np_dtype(tensor_type.elem_type))
-    for init in graph.initializer:
-        types[init.name] = (list(init.dims), helper.tensor_dtype_to_np_dtype(init.data_type))
-    return types
 
 
 _REWRITES = {"Pad": _pad, "Clip": _clip}

@@ -24,6 +24,8 @@ from dataclasses import dataclass
 
 import onnx
 
+from .onnx_facts import default_opset
+
 logger = logging.getLogger("korch_tvm.onnx_trace")
 
 
@@ -134,16 +136,12 @@ def import_onnx_traced(model: onnx.ModelProto, shape_overrides=None):
 
         importer = ONNXGraphImporter(shapes, input_dtypes(prepared), keep_params_in_input=False,
                                      sanitize=True)
-        module = after_import(importer.from_onnx(prepared.graph, _default_opset(prepared)))
+        module = after_import(importer.from_onnx(prepared.graph, default_opset(prepared)))
         trace = _trace(prepared, importer._nodes, module)  # noqa: SLF001 - see module docstring
     except Exception as err:  # noqa: BLE001 - the plain import names the error, or works
         logger.debug("ONNX operator tracing unavailable: %s", err)
         return import_onnx(model, shape_overrides), None
     return module, trace
-
-
-def _default_opset(model: onnx.ModelProto) -> int:
-    return next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 1)
 
 
 def _trace(model: onnx.ModelProto, relax_of_tensor: Mapping, module) -> OnnxTrace:
