@@ -53,26 +53,75 @@ def required_nodes(
     `depends[u]` holds the primitives that every usable kernel computing u either computes or
     reads: whichever kernel computes u, v is computed in it or produced by another chosen
     kernel. Taken from the kernels themselves, so it needs no graph edges and stays valid for any
-    input. The required set is the closure of the graph outputs under `depends`; every plan,
-    cyclic or not, has a chosen kernel containing each required primitive.
+    input. The required set is the closure of the graph outputs under `depends` and `_needed`;
+    every plan, cyclic or not, has a chosen kernel containing each required primitive.
     """
     depends: dict[int, frozenset[int]] = {}
+    holding: dict[int, list[int]] = {}
     for k in usable:
         kernel = problem.kernels[k]
         reachable = kernel.nodes | kernel.inputs
         for node in kernel.nodes:
             known = depends.get(node)
             depends[node] = reachable if known is None else known & reachable
+            holding.setdefault(node, []).append(k)
     depends = {node: deps - {node} for node, deps in depends.items()}
+    # only a tensor computable two ways (an offered alternative) cuts the closure short
+    needed = _needed(problem, holding) if problem.offered else (lambda node: frozenset())
     required: set[int] = set()
     frontier = list(problem.graph_outputs)
     while frontier:
         node = frontier.pop()
-        if node in required:
-            continue
-        required.add(node)
-        frontier.extend(depends.get(node, ()))
+        if node not in required:
+            required.add(node)
+            frontier.extend(depends.get(node, frozenset()) | needed(node))
     return depends, frozenset(required)
+
+
+def _needed(problem: OrchestrationProblem, holding: dict[int, list[int]]):
+    """need(u): the primitives every plan that computes u computes too.
+
+    Whichever kernel k computes u, the plan computes k's nodes and its inputs, and what each
+    input needs in turn: need(u) is the intersection over k of those sets. Where an offered
+    alternative makes a tensor computable two ways, the direct `depends` of that tensor keeps
+    only what both ways touch, and a closure under it stopped there, leaving everything above
+    the site unrequired and the relaxation weak (SegFormer's pieces took a second and hundreds
+    of branch-and-bound nodes instead of one); the transitive need sees that both ways read the
+    same softmax. A kernel's nodes need not lie on one path (a horizontal fusion), so the
+    relation can have cycles; an input met again on one is taken as needing nothing more.
+    """
+    memo: dict[int, frozenset[int]] = {}
+    visiting: set[int] = set()
+
+    def need(node: int) -> frozenset[int]:
+        # iterative post-order over the kernels' inputs (pieces are hundreds of primitives deep)
+        stack = [node]
+        while stack:
+            top = stack[-1]
+            if top in memo:
+                stack.pop()
+                continue
+            pending = [w for k in holding.get(top, ()) for w in problem.kernels[k].inputs
+                       if w not in memo and w != top]
+            if pending and top not in visiting:
+                visiting.add(top)
+                stack.extend(pending)
+                continue
+            # an input still open here lies on a cycle: it adds no more than itself, which
+            # only weakens the claim
+            shared = None
+            for k in holding.get(top, ()):
+                kernel = problem.kernels[k]
+                term = set(kernel.nodes | kernel.inputs)
+                for w in kernel.inputs:
+                    term |= memo.get(w, frozenset())
+                shared = term if shared is None else shared & term
+            memo[top] = frozenset(shared or ()) - {top}
+            visiting.discard(top)
+            stack.pop()
+        return memo[node]
+
+    return need
 
 
 def orchestration_rows(

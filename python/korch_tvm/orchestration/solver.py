@@ -43,9 +43,8 @@ _HighsSolver = getattr(highspy, "_Highs", highspy.Highs)
 # and both gap tolerances are set far below any difference between two real plans.
 _RELATIVE_GAP = 1e-7
 _ABSOLUTE_GAP = 1e-9
-# Branch-and-bound nodes the search for a plan using offered alternatives may take per run,
-# beyond the exact plan without them (`_solve`): 2-3 s on SegFormer's largest pieces (about
-# 250 kernels), most of it at the root.
+# Branch-and-bound nodes the search for a plan using offered alternatives may take per run
+# (`_solve_with_alternatives`); SegFormer's pieces now need one or two.
 ALTERNATIVES_NODE_LIMIT = 500
 
 # States the no-recompute DP may visit when it only seeds the program (about 20 ms): on large
@@ -199,26 +198,45 @@ def _solve(
 ) -> Plan:
     """`solve_orchestration` with the formulation's valid families and the warm start as knobs."""
     started = time.perf_counter()
+    deadline = started + time_limit
     incumbent, incumbent_cost, warm_start, stock_objective = _warm_start(problem, started + time_limit / 4)
     if not seeded:
         incumbent, incumbent_cost, warm_start = (), math.inf, None
-    node_limit = None
-    if problem.offered and seeded:
-        # Offered alternatives make a tensor computable two ways, which weakens the relaxation:
-        # SegFormer's pieces took thousands of nodes, up to the time limit, where the program
-        # without them takes a few. So the program without them is solved exactly first, and
-        # its plan is the one to beat within ALTERNATIVES_NODE_LIMIT nodes: never worse than
-        # substitutions off, and bounded by nodes, not time (the same answer on any machine).
-        plain = _solve(_without_offered(problem), time_limit, threads, families)
-        if plain.objective < incumbent_cost:
-            incumbent, incumbent_cost, warm_start = plain.chosen, plain.objective, "no alternatives"
-        node_limit = ALTERNATIVES_NODE_LIMIT
-    if problem.graph_outputs:
-        outcome = _solve_program(problem, families, threads, started + time_limit, incumbent,
-                                 incumbent_cost, node_limit)
-    else:
+    if not problem.graph_outputs:
         outcome = _Outcome("optimal", (), 0.0, 0.0)
+    elif problem.offered and seeded:
+        outcome, warm_start = _solve_with_alternatives(problem, time_limit, threads, families,
+                                                       deadline, incumbent, incumbent_cost,
+                                                       warm_start)
+    else:
+        outcome = _solve_program(problem, families, threads, deadline, incumbent, incumbent_cost)
     return _plan_of(outcome, time.perf_counter() - started, stock_objective, warm_start)
+
+
+def _solve_with_alternatives(problem, time_limit, threads, families, deadline, incumbent,
+                             incumbent_cost, warm_start) -> tuple[_Outcome, str | None]:
+    """(outcome, warm start's name) of a program holding offered alternatives.
+
+    A tensor computable two ways weakens the relaxation; with the required set closed over both
+    ways (formulation._needed) SegFormer's pieces solve at the root, so the program is first
+    solved as it is, within ALTERNATIVES_NODE_LIMIT nodes. Only where that proves nothing, the
+    program without alternatives is solved exactly and its plan becomes the one to beat within
+    the limit again: never worse than substitutions off, and bounded by nodes, not time (the
+    same answer on any machine).
+    """
+    first = _solve_program(problem, families, threads, deadline, incumbent, incumbent_cost,
+                           ALTERNATIVES_NODE_LIMIT)
+    if first.status == "optimal":
+        return first, warm_start
+    plain = _solve(_without_offered(problem), time_limit, threads, families)
+    if first.objective <= plain.objective:
+        best, best_cost = first.chosen, first.objective
+    else:
+        best, best_cost, warm_start = plain.chosen, plain.objective, "no alternatives"
+    second = _solve_program(problem, families, threads, deadline, best, best_cost,
+                            ALTERNATIVES_NODE_LIMIT)
+    return dataclasses.replace(second, nodes=first.nodes + plain.nodes + second.nodes,
+                               cuts=first.cuts + second.cuts), warm_start
 
 
 def _solve_program(
