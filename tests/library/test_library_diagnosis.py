@@ -4,7 +4,7 @@ so the kernel it blames is found among the kernels the compile really built."""
 import json
 
 import pytest
-from pipeline.test_library_kernels import matmul_model        # y = relu(x @ W + b)
+from pipeline.test_library_kernels import GEMM_KEY, matmul_model  # y = relu(x @ W + b)
 from test_reliability import _scale_kernel_outputs as scaled  # a kernel's result times 1.5
 
 from korch_tvm.backend.target import target_tag
@@ -13,7 +13,7 @@ from korch_tvm.costing.library_costs import LIBRARY_TIMES_FILE
 from korch_tvm.errors import KorchError
 from korch_tvm.library import library_calls
 
-GEMM = "batch=1 m=64 n=96 k=128 ta=0 tb=0 ab=0 bb=0"
+GEMM = GEMM_KEY.removeprefix("openblas.sgemm ")  # the model's GEMM, in a key of each form
 
 
 @pytest.mark.slow
