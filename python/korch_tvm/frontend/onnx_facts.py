@@ -1,6 +1,6 @@
 """What the frontend reads off an ONNX model before importing it: its default-domain opset and
-the values whose shapes are static. Shared by the folding, the rewrites and the tracing import,
-so that all three read the model the same way."""
+the values whose shapes are static. Shared by the folding, the rewrites, the activation-size
+check and the tracing import, so that all of them read the model the same way."""
 
 from __future__ import annotations
 

@@ -115,10 +115,10 @@ def check_activations_fit(model: onnx.ModelProto, shapes: Mapping[str, Sequence[
     dtypes = input_dtypes(model)
     inputs = sum(_tensor_bytes(shape, dtypes.get(name, "float32"))
                  for name, shape in shapes.items())
-    facts = static_types(model.graph)
-    declared = [_tensor_bytes(facts[value.name][0], facts[value.name][1].name)
-                for value in list(model.graph.value_info) + list(model.graph.output)
-                if facts.get(value.name, (None, None))[1] is not None]
+    values = {value.name for value in list(model.graph.value_info) + list(model.graph.output)}
+    declared = [_tensor_bytes(shape, dtype.name)
+                for name, (shape, dtype) in static_types(model.graph).items()
+                if name in values and dtype is not None]
     needed = 2 * inputs + max(declared, default=0)
     available = available_memory_bytes() if available is None else available
     if available is not None and needed > available:
