@@ -57,28 +57,28 @@ def required_nodes(
     every plan, cyclic or not, has a chosen kernel containing each required primitive.
     """
     depends: dict[int, frozenset[int]] = {}
-    holding: dict[int, list[int]] = {}
     for k in usable:
         kernel = problem.kernels[k]
         reachable = kernel.nodes | kernel.inputs
         for node in kernel.nodes:
             known = depends.get(node)
             depends[node] = reachable if known is None else known & reachable
-            holding.setdefault(node, []).append(k)
     depends = {node: deps - {node} for node, deps in depends.items()}
     # only a tensor computable two ways (an offered alternative) cuts the closure short
-    needed = _needed(problem, holding) if problem.offered else (lambda node: frozenset())
+    needed = _needed(problem, usable) if problem.offered else None
     required: set[int] = set()
     frontier = list(problem.graph_outputs)
     while frontier:
         node = frontier.pop()
         if node not in required:
             required.add(node)
-            frontier.extend(depends.get(node, frozenset()) | needed(node))
+            frontier.extend(depends.get(node, ()))
+            if needed is not None:
+                frontier.extend(needed(node))
     return depends, frozenset(required)
 
 
-def _needed(problem: OrchestrationProblem, holding: dict[int, list[int]]):
+def _needed(problem: OrchestrationProblem, usable: Sequence[int]):
     """need(u): the primitives every plan that computes u computes too.
 
     Whichever kernel k computes u, the plan computes k's nodes and its inputs, and what each
@@ -90,6 +90,10 @@ def _needed(problem: OrchestrationProblem, holding: dict[int, list[int]]):
     same softmax. A kernel's nodes need not lie on one path (a horizontal fusion), so the
     relation can have cycles; an input met again on one is taken as needing nothing more.
     """
+    holding: dict[int, list[int]] = {}  # node -> the usable kernels computing it
+    for k in usable:
+        for node in problem.kernels[k].nodes:
+            holding.setdefault(node, []).append(k)
     memo: dict[int, frozenset[int]] = {}
     visiting: set[int] = set()
 
