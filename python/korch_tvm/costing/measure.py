@@ -46,7 +46,8 @@ from .pooled_builder import PooledBuilder
 from .progress import Progress
 from .progress import Progress as _Progress  # noqa: F401 (its former name, used by tests)
 from .record_check import can_check, first_correct
-from .runners import counting_runner, local_runner, metaschedule_logger, metaschedule_logs_routed
+from .runners import (counting_runner, links_here, local_runner, metaschedule_logger,
+                      metaschedule_logs_routed)
 from .runners import rpc_runner  # noqa: F401 (imported from here by callers)
 from .trial_allocation import (MIN_TRIALS_PER_TASK, allocate_new_trials,  # noqa: F401
                                allocate_trials, trial_allocation, tuned_trials)
@@ -132,9 +133,9 @@ def tune_kernels(kernels: Mapping[str, tvm.IRModule], allocation: Mapping[str, i
         logger.warning("%s: the %d kernels keep their predicted costs; nothing is tuned",
                        no_device_reason(target), sum(len(names) for names in todo.values()))
         return {}
-    runner = runner or local_runner(target)
     builder = builder or local_builder(target, max_workers=max(1, host_core_count()),
-                                       scratch=scratch)
+                                       scratch=scratch, linked=links_here(runner, target))
+    runner = runner or local_runner(target)
     bar = Progress(sum(per_task * len(names) for per_task, names in todo.items()), progress,
                     unit="trials")
     if bar.enabled:  # the line moves per trial measured
@@ -264,8 +265,9 @@ def measure_kernels(kernels: Mapping[str, tvm.IRModule], target, tuning_log: Tun
         logger.warning("%s: %d kernels are costed by prediction", no_device_reason(target),
                        len(pending))
     elif (pending or rechecks) and time.perf_counter() < deadline:  # pools take seconds to start
+        linked = links_here(runner, target)
         runner = runner or local_runner(target)
-        with _builder_for(target, builder) as measuring, metaschedule_logs_routed(), \
+        with _builder_for(target, builder, linked) as measuring, metaschedule_logs_routed(), \
                 stopping_after_batch():
             costs.update(measure_and_commit(list(rechecks) + pending, kernels, target,
                                             tuning_log, measuring, runner, deadline, bar,
@@ -335,12 +337,13 @@ class _Lazy:
 
 
 @contextmanager
-def _builder_for(target, builder=None):
-    """`builder`, or a PooledBuilder for this call that is closed after it."""
+def _builder_for(target, builder=None, linked: bool = False):
+    """`builder`, or a PooledBuilder for this call (exporting shared libraries when `linked`)
+    that is closed after it."""
     if builder is not None:
         yield builder
         return
-    with PooledBuilder(target, max_workers=host_core_count()) as pooled:
+    with PooledBuilder(target, max_workers=host_core_count(), linked=linked) as pooled:
         yield pooled
 
 

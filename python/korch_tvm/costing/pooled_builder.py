@@ -15,13 +15,14 @@ from collections.abc import Sequence
 BUILDS_PER_WORKER = 256
 
 
-def _build_and_export(mod, target, scratch: str | None) -> str:
-    """Worker side: compile one kernel and write it under `scratch`, where the runner loads it."""
+def _build_and_export(mod, target, scratch: str | None, linked: bool) -> str:
+    """Worker side: compile one kernel and write it under `scratch`, where the runner loads it
+    (a shared library when `linked`, see `export_into`)."""
     from tvm.s_tir.meta_schedule.builder.local_builder import default_build
 
     from .metaschedule_setup import export_into
 
-    return export_into(scratch, default_build(mod, target, None))
+    return export_into(scratch, default_build(mod, target, None), linked)
 
 
 class PooledBuilder:
@@ -33,16 +34,17 @@ class PooledBuilder:
     """
 
     def __init__(self, target, max_workers: int, timeout_sec: float | None = None,
-                 scratch: str | None = None):
+                 scratch: str | None = None, linked: bool = False):
         """Workers for `target`: `max_workers` of them (at least one), a build time-out of
         `timeout_sec` (None: per target), artifacts exported under `scratch` (None: the
-        temporary folder)."""
+        temporary folder), as shared libraries when `linked` (for a runner on this machine:
+        `metaschedule_setup.export_into`), else as archives."""
         from tvm.support.popen_pool import PopenPoolExecutor
 
         from .metaschedule_setup import builder_worker_settings
 
         initializer, self.timeout_sec = builder_worker_settings(target, timeout_sec)
-        self.scratch = scratch
+        self.scratch, self.linked = scratch, linked
         self._pool = PopenPoolExecutor(
             max_workers=max(1, max_workers), timeout=self.timeout_sec, initializer=initializer,
             maximum_process_uses=BUILDS_PER_WORKER)
@@ -55,7 +57,7 @@ class PooledBuilder:
         results = []
         for outcome in self._pool.map_with_error_catching(
                 lambda job: _build_and_export(*job),
-                [(i.mod, i.target, self.scratch) for i in inputs]):
+                [(i.mod, i.target, self.scratch, self.linked) for i in inputs]):
             if outcome.status == StatusKind.COMPLETE:
                 results.append(BuilderResult(outcome.value, None))
             elif outcome.status == StatusKind.TIMEOUT:

@@ -92,6 +92,15 @@ def metaschedule_logs_routed() -> Iterator[None]:
         source.propagate, source.level = propagate, level
 
 
+def links_here(runner, target) -> bool:
+    """Whether kernels for `runner` are best linked by the builders (`export_into`): it is this
+    machine's CPU runner (None: the one made when needed), not a remote or GPU one."""
+    from tvm.s_tir import meta_schedule as ms
+
+    return target.kind.name == "llvm" and (runner is None
+                                           or isinstance(runner, ms.runner.LocalRunner))
+
+
 def device_type(target) -> str:
     """The device type a RunnerInput names for `target`."""
     return "cuda" if target.kind.name == "cuda" else "cpu"

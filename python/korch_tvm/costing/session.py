@@ -37,7 +37,7 @@ from .log_lines import LineVerdicts
 from .log_seeds import Seed, seed_log
 from .measure import measure_kernels, profile_kernels, trial_allocation, tune_kernels
 from .pooled_builder import PooledBuilder
-from .runners import configured_runner, local_runner
+from .runners import configured_runner, links_here, local_runner
 from .tuning_log import TuningLog
 
 @dataclass(frozen=True)
@@ -136,9 +136,11 @@ class CostingSession:
         return self._runner
 
     def builder(self) -> PooledBuilder:
-        """The pool that builds default-schedule measurements, started on first use."""
+        """The pool that builds default-schedule measurements, started on first use; it links
+        the kernels for this machine's CPU runner, not for a remote or GPU one."""
         if self._builder is None:
-            self._builder = PooledBuilder(self.target, host_core_count(), scratch=self.scratch)
+            self._builder = PooledBuilder(self.target, host_core_count(), scratch=self.scratch,
+                                          linked=links_here(self.runner(), self.target))
         return self._builder
 
     def library(self) -> LibraryCosts | None:
