@@ -65,8 +65,8 @@ TILE_ROWS = 8
 MAX_TILE_ROWS = 14
 # The variants the profiler also measures (`default_schedules`): a register tile of up to 16
 # rows (16 of AVX-512's 32 registers as accumulators), and the rule's tile with the vector's
-# outer loop outermost; only for kernels of at least VARIANT_MIN_FLOPS (0.1 ms at this CPU's
-# 2-core peak).
+# outer loop outermost, and the rule's form with unpacked weights; only for kernels of at least
+# VARIANT_MIN_FLOPS (0.1 ms at this CPU's 2-core peak).
 WIDE_TILE_ROWS = 16
 # And a tile two vectors wide: each reduction step loads two vectors of the streamed operand and
 # broadcasts one value per row, so TILE_ROWS rows make 2 x TILE_ROWS multiply-adds from
@@ -117,8 +117,11 @@ def default_schedules(kernel_mod: tvm.IRModule, target, kind_rules: bool = True)
     measures each and the log keeps them all. The rule's form is also measured with the weights
     as the model has them: packing speeds most convolutions up but slows a few down
     (bench/results/packed-weights/).
-    Kernels under `VARIANT_MIN_FLOPS` get the rule's form alone (its variants differ by
-    microseconds), and a variant that schedules the kernel exactly like another is left out.
+    Kernels under `VARIANT_MIN_FLOPS` get the rule's packed form alone: their variants differ by
+    microseconds: measured four times over, the plain form was more than 10 % faster in every
+    run on 1 of 80 such kernels, the packed on 9 (bench/results/compile-time/
+    small-kernel-forms/), and keeping the faster of two noisy runs made the rest look cheaper
+    than they run. A variant that schedules the kernel exactly like another is left out.
     Empty where the rule does not apply.
     """
     from ..kernels.fused import kernel_flops
@@ -127,9 +130,9 @@ def default_schedules(kernel_mod: tvm.IRModule, target, kind_rules: bool = True)
     if plain is None:
         return []
     schedules = [_with_packed_weights(plain, target)]
-    _distinct_append(schedules, plain)
     if kernel_flops(kernel_mod) < VARIANT_MIN_FLOPS:
         return schedules
+    _distinct_append(schedules, plain)
     cores = _cores(target)
     for tile_rows, vector_outer, columns in ((WIDE_TILE_ROWS, False, 1), (TILE_ROWS, True, 1),
                                              (TILE_ROWS, False, PAIR_COLUMNS)):
