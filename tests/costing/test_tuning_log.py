@@ -72,6 +72,28 @@ def test_records_survive_reopen_and_stock_database_reads_them(tmp_path):
     assert stats["best_seconds"]["min"] == pytest.approx(1e-6, rel=1e-5)
 
 
+def test_default_times_of_many_kernels_catch_up_with_the_files_once(tmp_path, monkeypatch):
+    """A seed's calibration looks up every kernel of a log: one look at the files for all of
+    them, not one each, with the answers `default_seconds` gives one by one (the first
+    successful record; inf when every run failed; None when the log does not hold it)."""
+    kernels = list(small_kernels().values())
+    log = TuningLog(tmp_path, TARGET)
+    log.commit_run(kernels[0], None)
+    log.commit_run(kernels[0], [2e-5])  # a retried kernel: its first successful run counts
+    log.commit_run(kernels[0], [1e-5])
+    log.commit_run(kernels[1], None)
+    log.commit_run(kernels[2], [3e-5])
+    other = TuningLog(tmp_path, TARGET)
+    other.commit_run(kernels[3], [4e-5])  # another writer: seen on catching up
+    one_by_one = [log.default_seconds(kernel) for kernel in kernels]
+    assert one_by_one[0] == pytest.approx(2e-5, rel=1e-5) and math.isinf(one_by_one[1])
+    assert one_by_one[3] == pytest.approx(4e-5, rel=1e-5) and one_by_one[4:] == [None, None]
+    looks = []
+    original = TuningLog.refresh
+    monkeypatch.setattr(TuningLog, "refresh", lambda self: looks.append(1) or original(self))
+    assert log.default_seconds_of(kernels) == one_by_one and len(looks) == 1
+
+
 def test_failed_only_kernel_costs_infinity(tmp_path):
     mod = small_kernels((16,))["sum_16"]
     log = TuningLog(tmp_path, TARGET)

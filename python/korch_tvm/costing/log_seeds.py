@@ -145,10 +145,10 @@ class Seed:
     def calibration(self, local_log: TuningLog) -> float:
         """Median ratio of this machine's default-schedule times to the seed's, over kernels
         timed in both (1 until MIN_CALIBRATION_KERNELS are)."""
+        kernels = [kernel.kernel for kernel in local_log.kernels()]
         ratios = []
-        for kernel in local_log.kernels():
-            here = local_log.default_seconds(kernel.kernel)
-            there = self.log.default_seconds(kernel.kernel)
+        for here, there in zip(local_log.default_seconds_of(kernels),
+                               self.log.default_seconds_of(kernels)):
             if here and there and math.isfinite(here) and math.isfinite(there):
                 ratios.append(math.log(here / there))
         if len(ratios) < MIN_CALIBRATION_KERNELS:
@@ -163,7 +163,7 @@ class Seed:
         beside them made the seed's kernels look far cheaper than anything measured; the best
         schedule enters as a starting point instead, measured here."""
         ratio = self.calibration(local_log)
-        found = {key: self.log.default_seconds(module) for key, module in modules.items()}
+        found = dict(zip(modules, self.log.default_seconds_of(list(modules.values()))))
         return {key: seconds * ratio for key, seconds in found.items()
                 if seconds is not None and math.isfinite(seconds)}
 
