@@ -117,7 +117,7 @@ def default_schedules(kernel_mod: tvm.IRModule, target, kind_rules: bool = True)
     measures each and the log keeps them all. The rule's form is also measured with the weights
     as the model has them: packing speeds most convolutions up but slows a few down
     (bench/results/packed-weights/).
-    Kernels under `VARIANT_MIN_FLOPS` get the rule's packed form alone: their variants differ by
+    Kernels under `VARIANT_MIN_FLOPS` get the rule's packed form alone. Their variants differ by
     microseconds: measured four times over, the plain form was more than 10 % faster in every
     run on 1 of 80 such kernels, the packed on 9 (bench/results/compile-time/
     small-kernel-forms/), and keeping the faster of two noisy runs made the rest look cheaper

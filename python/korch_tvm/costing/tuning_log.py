@@ -113,7 +113,8 @@ class TuningLog:
     def default_seconds_of(self, kernel_mods: Sequence[tvm.IRModule]) -> list[float | None]:
         """`default_seconds` of each module, the log caught up with other writers once for
         all of them: a seed's calibration looks up every kernel of the log in two logs, once
-        per layout a compile plans (SSDlite: 21,000 look-ups, 23 s of catching up one by one)."""
+        per layout or region a compile plans (SSDlite: 21,000 look-ups, about 8 s of catching up
+        one by one)."""
         self.refresh()
         found = [self._first_good_seconds(kernel_mod) for kernel_mod in kernel_mods]
         self._settle()
