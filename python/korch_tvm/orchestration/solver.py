@@ -159,10 +159,18 @@ def _warm_start(
         stock_objective = plan_cost(problem, stock_order)
         if math.isfinite(stock_objective):
             best = (stock_order, stock_objective, "stock")
-    dp_order = no_recompute_plan(problem, _WARM_START_STATES, deadline) if with_dp else None
-    if dp_order is not None and plan_cost(problem, dp_order) < best[1]:
-        best = (dp_order, plan_cost(problem, dp_order), "dp")
+    dp = _dp_seed(problem, deadline) if with_dp else None
+    if dp is not None and dp[1] < best[1]:
+        best = dp
     return (*best, stock_objective)
+
+
+def _dp_seed(problem: OrchestrationProblem, deadline: float
+             ) -> tuple[tuple[int, ...], float, str] | None:
+    """(order, cost, "dp") of the no-recompute DP's plan within its small state budget, or
+    None when it finds none by `deadline`."""
+    order = no_recompute_plan(problem, _WARM_START_STATES, deadline)
+    return None if order is None else (order, plan_cost(problem, order), "dp")
 
 
 def solve_orchestration(
@@ -237,10 +245,9 @@ def _solve_with_alternatives(problem, time_limit, threads, families, deadline, i
     plain = _solve(_without_offered(problem), time_limit, threads, families)
     seeds = [(first.chosen, first.objective, warm_start),
              (plain.chosen, plain.objective, "no alternatives")]
-    dp_order = no_recompute_plan(problem, _WARM_START_STATES,
-                                 time.perf_counter() + time_limit / 4)
-    if dp_order is not None:
-        seeds.append((dp_order, plan_cost(problem, dp_order), "dp"))
+    dp = _dp_seed(problem, time.perf_counter() + time_limit / 4)
+    if dp is not None:
+        seeds.append(dp)
     best, best_cost, warm_start = min(seeds, key=lambda seed: seed[1])
     second = _solve_program(problem, families, threads, deadline, best, best_cost,
                             ALTERNATIVES_NODE_LIMIT)
