@@ -244,3 +244,25 @@ def test_a_layout_per_region_is_planned_only_where_predicted_to_save_enough():
     assert len(set(layouts)) == 2 and not worth_stitching(layouts, total, nchw_then_nhwc)
     uniform = [{"NCHW": 1.0, "NHWC": 2.0}] * 2
     assert not worth_stitching(*cheapest_layouts(uniform, [0.0]), uniform)
+
+
+def test_regions_are_costed_without_the_memory_limit_the_stitched_plan_keeps(monkeypatch):
+    """A region's cost only says which layout it prefers: its plans skip the activation-storage
+    rounds, which the whole stitched plan, like each single-layout plan, still goes through."""
+    import korch_tvm.pipeline.korch as passes
+
+    limits = []
+    original = passes.plan_in_layout
+
+    def recorded(source, mod, layout, config, **kwargs):
+        limits.append((layout, source is mod, config.memory_limit))
+        return original(source, mod, layout, config, **kwargs)
+
+    monkeypatch.setattr(passes, "plan_in_layout", recorded)
+    plan = plan_korch(two_stage_module(), KorchConfig(layout="auto"),
+                      measure_with=costs_penalising(FIRST_STAGE, SECOND_STAGE_NHWC))
+    assert plan.layout == MIXED
+    pieces = [limit for layout, piece, limit in limits if piece]
+    assert len(pieces) >= 5 and set(pieces) == {"none"}  # two regions, two layouts, a switch
+    assert sorted((layout, limit) for layout, piece, limit in limits if not piece) == [
+        ("NCHW", "stock"), ("NHWC", "stock"), (MIXED, "stock")]

@@ -10,6 +10,7 @@ from collections import Counter
 
 import numpy as np
 import tvm
+import tvm_ffi
 from tvm import relax
 
 from korch_tvm.config import KorchConfig
@@ -22,19 +23,20 @@ from korch_tvm.pipeline import layout_plan
 from korch_tvm.pipeline.layout_plan import Orchestrator, Priced, find_candidates
 
 
-def two_layer_module() -> tvm.IRModule:
+def two_layer_module(width: int = 32, layers: int = 2) -> tvm.IRModule:
     """Two dense + bias + ReLU + layer-norm blocks: several pieces, each with choices."""
     rng = np.random.default_rng(0)
-    x = relax.Var("x", relax.TensorType((16, 32), "float32"))
+    x = relax.Var("x", relax.TensorType((16, width), "float32"))
     builder = relax.BlockBuilder()
     with builder.function("main", [x]):
         with builder.dataflow():
             y = x
-            for _ in range(2):
-                weight = relax.const(rng.standard_normal((32, 32)).astype("float32"))
+            for _ in range(layers):
+                weight = relax.const(rng.standard_normal((width, width)).astype("float32"))
                 y = builder.emit(relax.op.nn.relu(relax.op.matmul(y, weight)))
                 y = builder.emit(relax.op.nn.layer_norm(
-                    y, relax.const(np.ones(32, "float32")), relax.const(np.zeros(32, "float32")),
+                    y, relax.const(np.ones(width, "float32")),
+                    relax.const(np.zeros(width, "float32")),
                     axes=[-1]))
             out = builder.emit_output(y)
         builder.emit_func_output(out)
@@ -226,3 +228,43 @@ def test_a_layout_that_cannot_beat_a_plan_already_made_measures_nothing(monkeypa
     assert optimistic < modelled / 3
     assert cost(modelled) == (best, first_choice) and sorted(measured) == everything
     assert cost(modelled / 100) is None and measured == []
+
+
+def test_kernels_built_for_one_graph_are_taken_for_another(monkeypatch):
+    """The regions of a model repeat its candidates: with one `built` memo a second graph of
+    the same model builds no kernel, a part of it (one layer) fewer than alone, and a model of
+    other shapes as many; in each its keys and kernels are those it would build alone."""
+    from korch_tvm.kernels import fused
+    from korch_tvm.support.memo import KeyedMemo
+
+    config = KorchConfig(memory_limit="none", max_subproblem_nodes=8)
+    built_count = Counter()
+    original = fused.candidate_kernel
+
+    def counted(graph, nodes, block=None):
+        built_count["kernels"] += 1
+        return original(graph, nodes, block)
+
+    monkeypatch.setattr(fused, "candidate_kernel", counted)
+
+    def found(built=None, **shape):
+        built_count.clear()
+        graph = PrimitiveGraph.from_module(lower_to_primitives(two_layer_module(**shape)))
+        return find_candidates(graph, config, built), built_count["kernels"]
+
+    whole, whole_built = found()
+    assert whole_built == len(whole.kernels.modules) > 5
+    builds, new_kernels = {}, {}
+    for name, shape in (("again", {}), ("part", {"layers": 1}), ("other", {"width": 48})):
+        memo = KeyedMemo()
+        found(memo)
+        alone, builds[name + " alone"] = found(**shape)
+        shared, builds[name] = found(memo, **shape)
+        assert shared.kernels.keys == alone.kernels.keys
+        assert all(tvm_ffi.structural_equal(shared.kernels.modules[key], module)
+                   for key, module in alone.kernels.modules.items())
+        new_kernels[name] = len(set(alone.kernels.modules) - set(whole.kernels.modules))
+    assert builds["again"] == 0 and builds["again alone"] == whole_built
+    assert builds["part"] == new_kernels["part"] < builds["part alone"]
+    # at another width only the kernels on the layer norm's per-row (16 x 1) variance are equal
+    assert builds["other"] == new_kernels["other"] == builds["other alone"] - 3

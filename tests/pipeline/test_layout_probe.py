@@ -192,6 +192,8 @@ def test_a_layout_that_cannot_win_is_left_out_and_regions_are_still_tried(monkey
         return None if beat_ms is not None else Pending(layout, 5.0)  # the later cannot win
 
     class Session:
+        built_kernels = None  # kernels built afresh for each layout
+
         def seconds_left(self):
             return None
 

@@ -49,6 +49,8 @@ class Costing:
     tuning_log: TuningLog
 
 
+# Candidate kernels a session keeps built: a large CNN's two layouts hold about 4,000.
+BUILT_KERNELS_KEPT = 20_000
 # Kept for the process: judging a 20 MB log's lines again costs about a second every compile.
 PROCESS_VERDICTS = LineVerdicts()
 
@@ -72,7 +74,8 @@ class CostingSession:
     `seed` the log and the seed log it uses, `scratch` the folder builders export into. Its
     runner, builder pool and cost model are made on first use and serve every later call;
     `estimates` keeps the analytic estimates (by kernel key and target) its planning asks for
-    (`cost_model.predict_kernels`), for this compile only. `threads`: the CPU threads its
+    (`cost_model.predict_kernels`), and `built_kernels` the candidate kernels built (by
+    wiring signature: kernels/fused.py), for this compile only. `threads`: the CPU threads its
     runner's worker runs kernels on (`config.num_threads`, passed to the worker, as
     `configure_threads` sizes this process's pool).
     """
@@ -88,6 +91,7 @@ class CostingSession:
         self._runner, self._runner_made, self._builder = None, False, None
         self._predictor: Predictor | None = None
         self.estimates: KeyedMemo[float] = KeyedMemo()
+        self.built_kernels: KeyedMemo[tuple] = KeyedMemo(kept=BUILT_KERNELS_KEPT)
         self._library, self._library_made = None, False
 
     @classmethod

@@ -26,6 +26,7 @@ from tvm import relax
 
 from ..graph.primitive_graph import KERNEL_PREFIX, PrimitiveGraph
 from ..graph.relax_exprs import leaves
+from ..support.memo import KeyedMemo
 from .group_block import BindingBlock, group_function
 from .kernel_facts import is_scheduled, kernel_blocks, kernel_flops, schedule_unscheduled, written_params
 from .keys import canonical_prim_func, kernel_module, structural_key, structurally_equal_groups
@@ -86,15 +87,19 @@ class DistinctKernels(NamedTuple):
     keys: list[str | None]
 
 
-def distinct_kernels(graph: PrimitiveGraph, candidates: Sequence) -> DistinctKernels:
+def distinct_kernels(graph: PrimitiveGraph, candidates: Sequence,
+                     built: KeyedMemo | None = None) -> DistinctKernels:
     """Build each structurally distinct candidate once (candidates: `Candidate`s or node sets).
 
     Candidates are first grouped by a cheap wiring signature (member PrimFunc hashes, how they
-    connect, input types), so FuseTIR runs once per signature, not once per candidate.
+    connect, input types), so FuseTIR runs once per signature, not once per candidate. The
+    signature says nothing of the graph it was read from, so `built` (signature -> (key,
+    module)) carries the kernels over to other graphs of one compile: the regions of a model
+    repeat the whole model's candidates.
     """
     block = BindingBlock(graph)
+    built = KeyedMemo() if built is None else built
     callee_hash: dict = {}
-    by_signature: dict = {}
     modules: dict = {}
     keys: list = []
     for candidate in candidates:
@@ -102,14 +107,15 @@ def distinct_kernels(graph: PrimitiveGraph, candidates: Sequence) -> DistinctKer
         if any(not graph.nodes[i].fusible for i in nodes):
             keys.append(None)
             continue
-        signature = _wiring_signature(block, nodes, callee_hash)
-        if signature not in by_signature:
-            module = candidate_kernel(graph, nodes, block)
-            key = structural_key(module)
-            modules.setdefault(key, module)
-            by_signature[signature] = key
-        keys.append(by_signature[signature])
+        key, module = built.get(_wiring_signature(block, nodes, callee_hash),
+                                lambda: _keyed(candidate_kernel(graph, nodes, block)))
+        modules.setdefault(key, module)
+        keys.append(key)
     return DistinctKernels(modules, keys)
+
+
+def _keyed(module: tvm.IRModule) -> tuple[str, tvm.IRModule]:
+    return structural_key(module), module
 
 
 def _wiring_signature(block: BindingBlock, nodes, callee_hash: dict) -> tuple:

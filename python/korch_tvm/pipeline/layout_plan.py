@@ -155,7 +155,7 @@ def plan_in_layout(source: tvm.IRModule, mod: tvm.IRModule, layout: str, config:
     (the layout probe). None when no plan of this layout can model under `beat_ms` (another
     layout's plan): found before its fusion groups are measured (`cost_what_plans_need`)."""
     clock = StageClock()
-    lowered, found = prepared or prepare_layout(mod, config, clock)
+    lowered, found = prepared or prepare_layout(mod, config, clock, session.built_kernels)
     priced = price_candidates(found, config, session)
     clock.lap("prediction")
     solve = Orchestrator(found, priced, config)
@@ -187,22 +187,24 @@ def plan_in_layout(source: tvm.IRModule, mod: tvm.IRModule, layout: str, config:
                           config.target, session.tuning_log))
 
 
-def prepare_layout(mod: tvm.IRModule, config: KorchConfig,
-                   clock: StageClock | None = None) -> Prepared:
+def prepare_layout(mod: tvm.IRModule, config: KorchConfig, clock: StageClock | None = None,
+                   built: KeyedMemo | None = None) -> Prepared:
     """`mod` lowered to primitives, with `config`'s substitutions offered, and its candidates
-    (`find_candidates`); `clock` gets a lap per stage."""
+    (`find_candidates`, reusing the kernels in `built`); `clock` gets a lap per stage."""
     clock = clock or StageClock()
     lowered = lower_to_primitives(mod)
     graph = graph_with_alternatives(lowered, config.substitutions, fast_math=config.fast_math)
     clock.lap("lowering")
-    found = find_candidates(graph, config)
+    found = find_candidates(graph, config, built)
     clock.lap("candidates")
     return Prepared(lowered, found)
 
 
-def find_candidates(graph: PrimitiveGraph, config: KorchConfig) -> Found:
+def find_candidates(graph: PrimitiveGraph, config: KorchConfig,
+                    built: KeyedMemo | None = None) -> Found:
     """The pieces of `graph` (at most `config.max_subproblem_nodes` primitives each), every
-    candidate kernel of each under the target's kernel rules, and their distinct kernels."""
+    candidate kernel of each under the target's kernel rules, and their distinct kernels
+    (those `built` holds already are not built again: `distinct_kernels`)."""
     opaque = sorted({node.op_name for node in graph.nodes if not node.fusible})
     if opaque:
         logger.info("opaque ops kept as in the stock path (not fused or reordered): %s",
@@ -211,7 +213,7 @@ def find_candidates(graph: PrimitiveGraph, config: KorchConfig) -> Found:
     pieces = partition_graph(graph, config.max_subproblem_nodes)
     candidates = [candidate for piece in pieces
                   for candidate in enumerate_candidates(graph, rules, node_subset=piece)]
-    kernels = distinct_kernels(graph, candidates)
+    kernels = distinct_kernels(graph, candidates, built)
     storage = StorageModel.of(graph, candidates, kernels.keys, kernels.modules)
     logger.info("%d primitives, %d candidates, %d distinct kernels, %d subproblems",
                 len(graph.nodes), len(candidates), len(kernels.modules), len(pieces))
