@@ -103,3 +103,34 @@ def test_a_one_by_one_nhwc_convolution_is_a_gemm_with_a_shared_weight():
     out = te.compute((2, 5, 3), lambda n, i, j: te.sum(a[0, i, k] * b[n, k, j], axis=k))
     spec = match_gemm(te_kernel(a, b, out))
     assert (spec.a_batched, spec.b_batched, spec.a_shape()) == (False, True, (5, 7))
+
+
+def test_kernels_without_exactly_one_reduction_are_refused_before_a_schedule_is_made(
+        monkeypatch):
+    """Most candidates are elementwise or data movement: `float32_main` counts their
+    reduction blocks on the statement tree and refuses them without a Schedule."""
+    from korch_tvm.library import conv_match, gemm_match
+    from korch_tvm.library.implementations import library_spec
+
+    [elementwise] = legalized_kernels([(5, 7), (5, 7)],
+                                      lambda x, y: relax.op.nn.relu(relax.op.add(x, y)))
+    [matmul_relu] = legalized_kernels([(5, 7), (7, 3)],
+                                      lambda x, y: relax.op.nn.relu(relax.op.matmul(x, y)))
+    a, w = te.placeholder((5, 7), name="A"), te.placeholder((7, 3), name="W")
+    k, k2 = te.reduce_axis((0, 7), "k"), te.reduce_axis((0, 7), "k2")
+    row_sum = te.compute((5,), lambda i: te.sum(a[i, k], axis=k), name="S")
+    normalized = te.compute((5, 3), lambda i, j: te.sum(a[i, k2] / row_sum[i] * w[k2, j],
+                                                        axis=k2))
+    normalized_matmul = te_kernel(a, w, normalized)  # a row sum, then the matmul
+    counts = [gemm_match.reduction_blocks(kernel["main"].body)
+              for kernel in (elementwise, matmul_relu, normalized_matmul)]
+    assert counts == [0, 1, 2]
+    made = []
+    original = tvm.s_tir.Schedule
+    monkeypatch.setattr(tvm.s_tir, "Schedule", lambda *args, **kw: made.append(1) or
+                        original(*args, **kw))
+    assert library_spec(elementwise) is None and library_spec(normalized_matmul) is None
+    assert made == []
+    assert library_spec(matmul_relu) == GemmSpec((), 5, 3, 7, False, False, False, False, 0, 1,
+                                                 epilogue=library_spec(matmul_relu).epilogue)
+    assert made and [step.token() for step in library_spec(matmul_relu).epilogue] == ["relu"]

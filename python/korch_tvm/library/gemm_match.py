@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 import tvm
-from tvm import tirx
+from tvm import s_tir, tirx
 from tvm.sym.analyzer import Analyzer
 
 from .epilogue_match import EpilogueMatcher, EpilogueStep
@@ -129,12 +129,32 @@ def match_gemm(kernel_mod: tvm.IRModule) -> GemmSpec | None:
 
 def float32_main(kernel_mod: tvm.IRModule):
     """kernel_mod's `main` when it is an unscheduled PrimFunc of float32 buffers, at least two
-    inputs and an output (what a library call can replace); None otherwise."""
+    inputs and an output, with one reduction block (what a library call can replace); None
+    otherwise. Cheap, so the matchers' schedules are made only for such kernels: most
+    candidates of a model are elementwise or data movement."""
     names = [gv.name_hint for gv in kernel_mod.get_global_vars()]
     func = kernel_mod["main"] if "main" in names else None
     if not isinstance(func, tirx.PrimFunc) or len(func.params) < 3 or _is_scheduled(func):
         return None
-    return None if any(str(p.dtype) != "float32" for p in func.params) else func
+    if any(str(p.dtype) != "float32" for p in func.params):
+        return None
+    return func if reduction_blocks(func.body) == 1 else None
+
+
+def reduction_blocks(stmt) -> int:
+    """How many blocks under `stmt` have a reduction axis, read off the statement tree: about
+    15 times cheaper than making the Schedule that would list them."""
+    if isinstance(stmt, s_tir.SBlockRealize):
+        block = stmt.block
+        own = any(iv.iter_type == tirx.IterVar.CommReduce for iv in block.iter_vars)
+        return own + reduction_blocks(block.body)
+    if isinstance(stmt, tirx.SeqStmt):
+        return sum(reduction_blocks(part) for part in stmt.seq)
+    if isinstance(stmt, tirx.IfThenElse):
+        return reduction_blocks(stmt.then_case) + (
+            0 if stmt.else_case is None else reduction_blocks(stmt.else_case))
+    body = getattr(stmt, "body", None)  # loops, allocations, attributes, lets
+    return 0 if body is None else reduction_blocks(body)
 
 
 def output_index_vars(block, output, shape):
