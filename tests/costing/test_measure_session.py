@@ -92,3 +92,27 @@ def test_a_kernel_linked_by_the_builder_loads_and_computes_without_the_runner_li
     assert links_here(None, TARGET) and links_here(local_runner(TARGET), TARGET)
     assert not links_here(rpc_runner("127.0.0.1", 9190, "remote"), TARGET)
     assert not links_here(None, tvm.target.Target("cuda"))
+
+
+def test_builder_workers_pools_do_not_spin_beside_the_runner(monkeypatch):
+    """The builders finish right before the runner times their kernels on the same cores:
+    their TVM pools sleep at once (spin count 0) on every target; this process's and so the
+    runner's keep TVM's default."""
+    import os
+
+    from tvm.support.popen_pool import PopenPoolExecutor
+
+    from korch_tvm.costing.metaschedule_setup import builder_worker_settings
+
+    monkeypatch.delenv("TVM_THREAD_POOL_SPIN_COUNT", raising=False)
+    for target in (TARGET, tvm.target.Target("cuda")):
+        initializer, _ = builder_worker_settings(target)
+        pool = PopenPoolExecutor(max_workers=1, initializer=initializer)
+        try:
+            # a lambda travels by value and reads the worker's environment
+            spin = pool.submit(lambda: __import__("os").environ.get(
+                "TVM_THREAD_POOL_SPIN_COUNT")).result()
+        finally:
+            pool.shutdown()
+        assert spin == "0", target
+    assert "TVM_THREAD_POOL_SPIN_COUNT" not in os.environ  # nor the runner's, started from it
