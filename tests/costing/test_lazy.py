@@ -59,6 +59,36 @@ def test_finds_the_fully_costed_optimum_when_predictions_err_within_the_margin(s
     assert again_calls == [] and again.solution == chosen and again.rounds == 1
 
 
+@pytest.mark.parametrize("seed", range(10))
+def test_a_library_ceiling_is_measured_past_only_where_a_plan_wants_tvm_below_it(seed):
+    """Half the kernels have a library call's time (a ceiling: measuring TVM's kernel keeps
+    the cheaper of the two). The plan is still the fully costed optimum, a kernel whose
+    ceiling lies under every optimistic price it can have is never measured, and a second run
+    on what the first measured measures nothing."""
+    rng = random.Random(seed)
+    true, plans = random_instance(rng)
+    ceilings = {key: KernelCost(true[key] * rng.uniform(0.2, 2.0), "measured", 1,
+                                implementation="openblas.sgemm") for key in sorted(true)[::2]}
+    best = {key: min(seconds, ceilings[key].seconds) if key in ceilings else seconds
+            for key, seconds in true.items()}
+    predicted = {key: seconds * rng.uniform(0.8, 1.2) for key, seconds in true.items()}
+    calls = []
+    result = solve_lazily(cheapest_plan(plans), predicted, {}, measuring(best, calls),
+                          margin=0.5, ceilings=ceilings)
+    chosen = result.solution
+    assert all(key in result.known or key in ceilings for key in chosen)
+    full_optimum = min(sum(best[key] for key in plan) for plan in plans)
+    assert sum(best[key] for key in chosen) == pytest.approx(full_optimum, rel=1e-12)
+    # optimistic prices are at least 0.8 x (calibration >= 0.8) / 1.5 = 0.43 x the true time
+    below_every_price = {key for key, cost in ceilings.items() if cost.seconds < 0.42 * true[key]}
+    measured = [key for batch in calls for key in batch]
+    assert not below_every_price & set(measured) and len(measured) == len(set(measured))
+    again_calls = []
+    again = solve_lazily(cheapest_plan(plans), predicted, result.known,
+                         measuring(best, again_calls), margin=0.5, ceilings=ceilings)
+    assert again_calls == [] and again.solution == chosen
+
+
 def test_calibration_rescales_a_roofline_that_is_ten_times_too_low():
     rng = random.Random(0)
     true, plans = random_instance(rng)

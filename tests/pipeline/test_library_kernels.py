@@ -80,6 +80,14 @@ def test_a_cheaper_library_gemm_is_chosen_verified_exported_and_reused(
     executable, report = compile_into(logs)
     assert implementations(report) == ["openblas.sgemm", "tvm"]   # GEMM, then add + relu
     assert report["plan"]["library_kernels"] == 1
+    # the GEMM's BLAS time is under any price its TVM kernel could have: that is not measured
+    from korch_tvm.costing.tuning_log import TuningLog
+    from korch_tvm.kernels.fused import structural_key
+
+    logged = {structural_key(kernel.kernel)
+              for kernel in TuningLog(str(logs), KorchConfig().target).kernels()}
+    assert report["plan"]["kernels"][1]["key"] in logged
+    assert report["plan"]["kernels"][0]["key"] not in logged
     assert report["library_calls"] == ["korch_tvm.blas.sgemm"]
     assert report["verification"]["passed"] and report["verification"]["reference"] == \
         "onnxruntime"

@@ -15,8 +15,13 @@ their measured sibling corrects them far better than a global factor. It is then
 `1 + margin`. A wide margin makes every unmeasured variant of a big kernel look cheaper than the
 measured one, and the loop measures them all; a narrow one trusts the calibrated model.
 
-The loop depends only on the log and the predictor, so a second compile with the same log finds
-the last round's plan at once and measures nothing.
+A kernel may also have a ceiling: a real cost that measuring it can only lower (a library
+call's time; measuring TVM's kernel keeps the cheaper of the two). It is priced at the lower of
+the ceiling and its optimistic prediction, and measured only when a plan wants it below the
+ceiling.
+
+The loop depends only on the log, the ceilings and the predictor, so a second compile with the
+same log finds the last round's plan at once and measures nothing.
 """
 
 from __future__ import annotations
@@ -94,50 +99,68 @@ def _snapped(log_ratio: float) -> float:
 
 
 def optimistic_costs(calibrated: Mapping[str, float], known: Mapping[str, KernelCost],
-                     margin: float) -> dict[str, KernelCost]:
+                     margin: float, ceilings: Mapping[str, KernelCost] | None = None
+                     ) -> dict[str, KernelCost]:
     """What a lazy round solves on: `known` costs, and the `calibrated_predictions` of the
-    rest lowered by `margin`."""
-    costs = {key: KernelCost(seconds / (1.0 + margin), "predicted", 0)
+    rest lowered by `margin`, or a kernel's ceiling where that is lower (see `solve_lazily`)."""
+    ceilings = ceilings or {}
+    costs = {key: _lowered(key, seconds / (1.0 + margin), ceilings)
              for key, seconds in calibrated.items()}
     costs.update(known)
     return costs
 
 
-def measured_only_costs(predicted: Mapping[str, float],
-                        known: Mapping[str, KernelCost]) -> dict[str, KernelCost]:
-    """`known` costs, and the rest priced as failed runs (costing/failed_costs.py): no plan
-    chooses one but a stock group that nothing measured (no device), at its prediction."""
+def _lowered(key: str, seconds: float, ceilings: Mapping[str, KernelCost]) -> KernelCost:
+    ceiling = ceilings.get(key)
+    return ceiling if ceiling is not None and ceiling.seconds <= seconds else \
+        KernelCost(seconds, "predicted", 0)
+
+
+def measured_only_costs(predicted: Mapping[str, float], known: Mapping[str, KernelCost],
+                        ceilings: Mapping[str, KernelCost] | None = None
+                        ) -> dict[str, KernelCost]:
+    """`known` costs, then the ceilings, and the rest priced as failed runs
+    (costing/failed_costs.py): no plan chooses one but a stock group that nothing measured (no
+    device), at its prediction."""
     costs = {key: KernelCost(seconds, "failed", 0, error="not measured")
              for key, seconds in predicted.items() if key not in known}
+    costs.update(ceilings or {})
     costs.update(known)
     return costs
 
 
 def optimistic_plan(solve, predicted: Mapping[str, float], known: Mapping[str, KernelCost],
-                    margin: float, anchors: Mapping[str, Collection[Hashable]]):
+                    margin: float, anchors: Mapping[str, Collection[Hashable]],
+                    ceilings: Mapping[str, KernelCost] | None = None):
     """`solve`'s answer on the optimistic prices (`known`, and calibrated predictions lowered by
-    `margin`): (solution, chosen keys, modelled seconds, the calibrated predictions). Its
-    seconds bound what any plan costs, as far as the lowered predictions are lower bounds."""
-    optimistic = calibrated_predictions(predicted, known, anchors)
-    return (*solve(optimistic_costs(optimistic, known, margin)), optimistic)
+    `margin`, or the ceilings below them): (solution, chosen keys, modelled seconds, the
+    optimistic prices). Its seconds bound what any plan costs, as far as the lowered
+    predictions are lower bounds."""
+    optimistic = optimistic_costs(calibrated_predictions(predicted, known, anchors), known,
+                                  margin, ceilings)
+    return (*solve(optimistic), optimistic)
 
 
 def lazy_round(solve, predicted: Mapping[str, float], known: Mapping[str, KernelCost],
                margin: float, anchors: Mapping[str, Collection[Hashable]], gap: float = 0.0,
-               number: int | None = None) -> tuple[Solution, list[str], dict[str, float]]:
-    """One round of `solve_lazily`: (the plan, the kernels to measure for it, the calibrated
-    predictions); no kernels when the plan is settled, measured in full or within `gap`.
-    `number` is the round's, for the log (None: a check that logs nothing)."""
+               number: int | None = None, ceilings: Mapping[str, KernelCost] | None = None
+               ) -> tuple[Solution, list[str], dict[str, KernelCost]]:
+    """One round of `solve_lazily`: (the plan, the kernels to measure for it, the optimistic
+    prices); no kernels when the plan is settled, measured in full (or at ceilings TVM's
+    kernel cannot beat) or within `gap`. `number` is the round's, for the log (None: a check
+    that logs nothing)."""
     solution, chosen, bound, optimistic = optimistic_plan(solve, predicted, known, margin,
-                                                          anchors)
-    missing = sorted({key for key in chosen if key is not None and key not in known})
+                                                          anchors, ceilings)
+    missing = sorted({key for key in chosen if key is not None and key not in known
+                      and optimistic[key].source == "predicted"})
     if not missing or gap <= 0:
         if missing and number is not None:
             logger.info("round %d: measuring %d kernels of the plan that were predictions",
                         number, len(missing))
         return solution, missing, optimistic
-    settled, kernels, seconds = solve(measured_only_costs(predicted, known))
-    measured_plan = all(key is None or key in known for key in kernels)
+    ceilings = ceilings or {}
+    settled, kernels, seconds = solve(measured_only_costs(predicted, known, ceilings))
+    measured_plan = all(key is None or key in known or key in ceilings for key in kernels)
     if measured_plan and seconds <= bound * (1.0 + gap):
         if number is not None:
             logger.info("round %d: the plan of measured kernels (%.3f ms) is within %g %% "
@@ -160,9 +183,15 @@ def solve_lazily(solve: Callable[[dict[str, KernelCost]],
                  measure: Callable[[list[str]], Mapping[str, KernelCost]],
                  margin: float,
                  anchors: Mapping[str, Collection[Hashable]] | None = None,
-                 gap: float = 0.0) -> LazyResult[Solution]:
+                 gap: float = 0.0, ceilings: Mapping[str, KernelCost] | None = None
+                 ) -> LazyResult[Solution]:
     """Solve, measure the chosen kernels that are only predicted, and solve again until none are,
     or until the best plan of measured kernels is within `gap` of the optimistic one.
+
+    `ceilings` are real costs of some unknown kernels that measuring them could only lower (a
+    library call's time: measuring TVM's kernel keeps the cheaper of the two). Such a kernel is
+    priced at the lower of its ceiling and its optimistic prediction, and measured only when a
+    plan chooses it below its ceiling: at the ceiling, TVM's kernel could not beat it.
 
     `solve(costs)` returns (solution, keys of the chosen kernels, its modelled seconds);
     `measure(keys)` returns a cost for each key, "predicted" where it could not measure (a time
@@ -182,7 +211,7 @@ def solve_lazily(solve: Callable[[dict[str, KernelCost]],
     while True:
         rounds += 1
         solution, missing, optimistic = lazy_round(solve, predicted, known, margin, anchors, gap,
-                                                   rounds)
+                                                   rounds, ceilings)
         if not missing:
             return LazyResult(known, solution, rounds)
         measured = {key: cost for key, cost in measure(missing).items()
@@ -193,6 +222,6 @@ def solve_lazily(solve: Callable[[dict[str, KernelCost]],
                         len(missing))
             return LazyResult(known, solution, rounds)
         for key, cost in measured.items():
-            logger.debug("kernel %s: calibrated prediction %.3g ms, measured %.3g ms", key,
-                         optimistic[key] * 1e3, cost.seconds * 1e3)
+            logger.debug("kernel %s: optimistic price %.3g ms, measured %.3g ms", key,
+                         optimistic[key].seconds * 1e3, cost.seconds * 1e3)
         known.update(measured)

@@ -171,10 +171,19 @@ class CostingSession:
         library = self.library()
         return dict(costs) if library is None else library.cheaper(kernels, costs, measure)
 
-    def has_library(self, kernel_mod: tvm.IRModule) -> bool:
-        """Whether `kernel_mod` has a library implementation in this session."""
+    def library_costs(self, kernels: Mapping[str, tvm.IRModule]) -> dict[str, KernelCost]:
+        """The library call's time, as its cost, of each kernel that has a library
+        implementation, TVM's kernel left unmeasured (lazy costing measures it where a plan
+        wants it below that time); times are measured once, then read (only read once the
+        time budget is spent)."""
         library = self.library()
-        return library is not None and library.implementation(kernel_mod) is not None
+        if library is None:
+            return {}
+        left = self.seconds_left()
+        unmeasured = {key: KernelCost(math.inf, "failed", 0, error="not measured")
+                      for key in kernels}
+        costs = library.cheaper(kernels, unmeasured, measure=left is None or left > 0)
+        return {key: cost for key, cost in costs.items() if cost.implementation is not None}
 
     def predict(self, kernel_mod: tvm.IRModule) -> float:
         """The log's cost model's seconds for `kernel_mod` (else the analytic estimate): loaded

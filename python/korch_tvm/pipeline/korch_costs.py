@@ -128,19 +128,21 @@ def profiler_measurement(session: CostingSession, predicted: Mapping[str, float]
 
 
 def cost_what_plans_need(kept_kernels, predicted, stock_keys, anchors, solve, key_of_candidate,
-                          config, tuning_log, measure_modules, library_keys=frozenset(),
+                          config, tuning_log, measure_modules, library=None,
                           beat_seconds=None):
     """(best known cost of every kernel worth a number, the plan on default-schedule costs),
     or None when the plan cannot model under `beat_seconds` (another layout's plan).
 
-    What the log holds and the kernels with a library implementation (`library_keys`:
-    predictions know only TVM's kernels) are looked up or measured first, then TVM's own fusion
-    groups (so the stock plan is always costed for real and Korch's plan can never model worse
-    than it); the rest only when a plan chooses them (lazy_costing), the plan without the
-    memory limit first, then within it (an infinite margin measures all up front: full
-    costing). Before the fusion groups are measured, a plan on the optimistic prices that
-    models above `beat_seconds` ends it: no plan of this program can win, as far as the lowered
-    predictions are lower bounds (the premise of lazy costing).
+    What the log holds is looked up first, and the library calls' times taken
+    (`library(keys)`: the costs of those kept kernels that have a library implementation, TVM's
+    kernel not measured); then TVM's own fusion groups are measured (so the stock plan is always
+    costed for real and Korch's plan can never model worse than it); the rest only when a plan
+    chooses them (lazy_costing), the plan without the memory limit first, then within it (an
+    infinite margin measures all up front: full costing). A library call's time is a ceiling
+    there: TVM's kernel is measured only where a plan wants it below that time. Before the
+    fusion groups are measured, a plan on the optimistic prices that models above
+    `beat_seconds` ends it: no plan of this program can win, as far as the lowered predictions
+    are lower bounds (the premise of lazy costing).
     """
     def measure(keys):
         return measure_modules({key: kept_kernels[key] for key in keys})
@@ -148,13 +150,16 @@ def cost_what_plans_need(kept_kernels, predicted, stock_keys, anchors, solve, ke
     margin = config.lazy_margin if math.isfinite(config.prune_margin) else 0.0
     predicted = {key: predicted[key] for key in kept_kernels}
     first = [key for key, module in kept_kernels.items()
-             if key in library_keys or tuning_log.best_seconds(module) is not None
+             if tuning_log.best_seconds(module) is not None
              or not math.isfinite(config.prune_margin)]
     best, solve_on = dict(measure(first)), _with_seconds(solve, key_of_candidate)
+    ceilings = {} if library is None else {
+        key: cost for key, cost in library([key for key in kept_kernels if key not in best]
+                                           ).items() if math.isfinite(cost.seconds)}
     if beat_seconds is not None:
         known = default_schedule_costs(kept_kernels, _measured(best), tuning_log)
         bound = optimistic_plan(lambda costs: solve_on(costs, False), predicted, known, margin,
-                                _library_apart(anchors, known))[2]
+                                _library_apart(anchors, known), ceilings)[2]
         if bound > beat_seconds:
             logger.info("this layout cannot win: its optimistic plan models %.3f ms, above "
                         "the %.3f ms of a layout planned before; not measured further",
@@ -169,13 +174,13 @@ def cost_what_plans_need(kept_kernels, predicted, stock_keys, anchors, solve, ke
             lambda costs: solve_on(costs, within_memory), predicted, measured,
             lambda keys: default_schedule_costs(kept_kernels, _remember(best, measure(keys)),
                                                 tuning_log), margin, anchors,
-            config.settle_gap)
+            config.settle_gap, ceilings)
 
     def settled(measured, within_memory) -> bool:
         """Whether the first round would measure nothing (a compile whose log has every
         kernel of its plan: it must measure nothing, as before)."""
         return not lazy_round(lambda costs: solve_on(costs, within_memory), predicted, measured,
-                              margin, anchors, config.settle_gap)[1]
+                              margin, anchors, config.settle_gap, ceilings=ceilings)[1]
 
     # A solve within the memory limit solves a piece again per round of kernels it leaves out
     # (hundreds on a cold log's optimistic prices: 13 s of ViT-S/32's 45 s in one layout), so
@@ -185,9 +190,10 @@ def cost_what_plans_need(kept_kernels, predicted, stock_keys, anchors, solve, ke
                  else lazily(False, start))
     limited = lazily(True, start if unlimited is None else unlimited.known)
     rounds = limited.rounds + (unlimited.rounds if unlimited else 0)
-    logger.info("costing: %d of %d kernels measured or logged, plan settled in %d round(s)",
-                len(limited.known), len(kept_kernels), rounds)
-    return best, limited.solution[2]
+    logger.info("costing: %d of %d kernels measured or logged, %d more at a library call's "
+                "time alone, plan settled in %d round(s)", len(limited.known), len(kept_kernels),
+                len(set(ceilings) - set(best)), rounds)
+    return {**ceilings, **best}, limited.solution[2]
 
 
 def _with_seconds(solve, key_of_candidate):

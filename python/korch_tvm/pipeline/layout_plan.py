@@ -172,8 +172,8 @@ def plan_in_layout(source: tvm.IRModule, mod: tvm.IRModule, layout: str, config:
             priced.kept_kernels, priced.predicted, stock_keys,
             work_anchors(found.graph, found.candidates, priced.kept, found.kernels.keys), solve,
             found.kernels.keys, config, session.tuning_log, measure,
-            library_keys={key for key, module in priced.kept_kernels.items()
-                          if session.has_library(module)},
+            library=None if measure_with else lambda keys: session.library_costs(
+                {key: priced.kept_kernels[key] for key in keys}),
             beat_seconds=None if beat_ms is None else beat_ms / 1e3)
     if costed is None:
         return None
