@@ -197,8 +197,9 @@ def test_lazy_costing_settles_the_plan_before_solving_within_memory(monkeypatch)
 def test_a_layout_that_cannot_beat_a_plan_already_made_measures_nothing(monkeypatch):
     """Before the fusion groups of a layout are measured, its plan on the optimistic prices
     (predictions lowered by the lazy margin) is compared with the plan another layout made:
-    above it, the layout cannot win and nothing of it is measured; below, it is costed as
-    without the comparison."""
+    above it, the layout cannot win and nothing of it is measured; below, the fusion groups
+    are measured and the plan compared again on predictions they calibrated; below both, it
+    is costed as without the comparison."""
     from korch_tvm.pipeline.korch_costs import cost_what_plans_need
 
     solve, costs, _ = orchestrator(monkeypatch)
@@ -228,6 +229,9 @@ def test_a_layout_that_cannot_beat_a_plan_already_made_measures_nothing(monkeypa
     assert optimistic < modelled / 3
     assert cost(modelled) == (best, first_choice) and sorted(measured) == everything
     assert cost(modelled / 100) is None and measured == []
+    # above the first bound, below the second: calibrated by the groups, kernels cost 3x more
+    assert optimistic < modelled / 2 and cost(modelled / 2) is None
+    assert sorted(measured) == sorted(stock)
 
 
 def test_kernels_built_for_one_graph_are_taken_for_another(monkeypatch):

@@ -140,9 +140,8 @@ def cost_what_plans_need(kept_kernels, predicted, stock_keys, anchors, solve, ke
     chooses them (lazy_costing), the plan without the memory limit first, then within it (an
     infinite margin measures all up front: full costing). A library call's time is a ceiling
     there: TVM's kernel is measured only where a plan wants it below that time. Before the
-    fusion groups are measured, a plan on the optimistic prices that models above
-    `beat_seconds` ends it: no plan of this program can win, as far as the lowered predictions
-    are lower bounds (the premise of lazy costing).
+    fusion groups are measured, and again after (their times calibrate the predictions), a
+    plan on the optimistic prices that models above `beat_seconds` ends it (`_cannot_win`).
     """
     def measure(keys):
         return measure_modules({key: kept_kernels[key] for key in keys})
@@ -156,16 +155,18 @@ def cost_what_plans_need(kept_kernels, predicted, stock_keys, anchors, solve, ke
     ceilings = {} if library is None else {
         key: cost for key, cost in library([key for key in kept_kernels if key not in best]
                                            ).items() if math.isfinite(cost.seconds)}
-    if beat_seconds is not None:
-        known = default_schedule_costs(kept_kernels, _measured(best), tuning_log)
-        bound = optimistic_plan(lambda costs: solve_on(costs, False), predicted, known, margin,
-                                _library_apart(anchors, known), ceilings)[2]
-        if bound > beat_seconds:
-            logger.info("this layout cannot win: its optimistic plan models %.3f ms, above "
-                        "the %.3f ms of a layout planned before; not measured further",
-                        bound * 1e3, beat_seconds * 1e3)
-            return None
+
+    def cannot_win(stage: str) -> bool:
+        return beat_seconds is not None and _cannot_win(
+            lambda costs: solve_on(costs, False), predicted,
+            default_schedule_costs(kept_kernels, _measured(best), tuning_log), margin, anchors,
+            ceilings, beat_seconds, stage)
+
+    if cannot_win("on what the log holds"):
+        return None
     best.update(measure([key for key in kept_kernels if key in stock_keys and key not in best]))
+    if cannot_win("with TVM's fusion groups measured"):
+        return None
     known = _measured(best)
     anchors = _library_apart(anchors, known)
 
@@ -194,6 +195,22 @@ def cost_what_plans_need(kept_kernels, predicted, stock_keys, anchors, solve, ke
                 "time alone, plan settled in %d round(s)", len(limited.known), len(kept_kernels),
                 len(set(ceilings) - set(best)), rounds)
     return {**ceilings, **best}, limited.solution[2]
+
+
+def _cannot_win(solve, predicted, known, margin, anchors, ceilings, beat_seconds: float,
+                stage: str) -> bool:
+    """Whether the plan on optimistic prices (`known` costs, the ceilings, the other
+    predictions calibrated and lowered by `margin`) models above `beat_seconds`, said in one
+    line: then no plan of this program can win, as far as the lowered predictions are lower
+    bounds (the premise of lazy costing)."""
+    bound = optimistic_plan(solve, predicted, known, margin, _library_apart(anchors, known),
+                            ceilings)[2]
+    if bound <= beat_seconds:
+        return False
+    logger.info("this layout cannot win: its optimistic plan models %.3f ms %s, above the "
+                "%.3f ms of a layout planned before; not measured further", bound * 1e3, stage,
+                beat_seconds * 1e3)
+    return True
 
 
 def _with_seconds(solve, key_of_candidate):
