@@ -1,14 +1,24 @@
-"""Record every library timing round of a compile (key -> [round seconds...]) into rounds.json."""
-import atexit, json, sys
-from korch_tvm.library import implementations as impl
+"""Run `korch-tvm ARGS...` recording every library timing round (call key -> [round seconds])
+into rounds.json in the working directory: how far a call's rounds agree."""
+import atexit
+import json
+import sys
+
 from korch_tvm.costing.library_costs import entry_key
+from korch_tvm.library import implementations
+
 seen = {}
-original = impl.Implementation.measure
-def measure(self, *a, **k):
-    value = original(self, *a, **k)
+original = implementations.Implementation.measure
+
+
+def measure(self, *args, **kwargs):
+    value = original(self, *args, **kwargs)
     seen.setdefault(entry_key(self), []).append(value)
     return value
-impl.Implementation.measure = measure
-atexit.register(lambda: json.dump(seen, open(sys.argv.pop(1) if False else "/tmp/prof/rounds.json", "w"), indent=0))
-from korch_tvm.tools.cli import main
+
+
+implementations.Implementation.measure = measure
+atexit.register(lambda: json.dump(seen, open("rounds.json", "w"), indent=0))
+from korch_tvm.tools.cli import main  # noqa: E402
+
 sys.exit(main(sys.argv[1:]))
