@@ -137,8 +137,8 @@ def test_a_failed_cost_keeps_its_prediction_in_the_default_schedule_costs():
     from korch_tvm.costing.kernel_costs import default_schedule_costs
 
     class LogOfFailures:  # what the log answers for a kernel whose every run failed
-        def default_seconds(self, kernel_mod):
-            return math.inf
+        def default_seconds_of(self, kernel_mods):
+            return [math.inf for _ in kernel_mods]
 
     costs = {"take": KernelCost(4e-6, "failed", 0, "Subprocess terminated"),
              "add": KernelCost(2e-6, "measured", 0)}

@@ -101,8 +101,8 @@ def test_cheaper_of_takes_the_lower_and_remembers_the_library():
 
 def test_default_schedule_costs_stay_the_cheaper_of_the_default_and_the_library():
     class Log:
-        def default_seconds(self, module):
-            return 4e-3
+        def default_seconds_of(self, modules):
+            return [4e-3 for _ in modules]
 
     library = LibraryTime("openblas.sgemm", 1e-3)
     tuned_past_library = KernelCost(5e-4, "tuned", 64, library=library)

@@ -71,11 +71,14 @@ def default_schedule_costs(kernels: Mapping[str, tvm.IRModule], costs: Mapping[s
     A plan chosen from these is the same on every compile, whatever was tuned since, so the
     trial budget it steers is spent once and a re-run finds nothing left to tune.
     """
+    # a failed kernel keeps its prediction: its logged default run is the failure itself
+    looked_up = [name for name, cost in costs.items()
+                 if cost.source not in ("predicted", "failed")]
+    defaults = dict(zip(looked_up, tuning_log.default_seconds_of([kernels[name]
+                                                                  for name in looked_up])))
     result = {}
     for name, cost in costs.items():
-        # a failed kernel keeps its prediction: its logged default run is the failure itself
-        looked_up = cost.source not in ("predicted", "failed")
-        default = tuning_log.default_seconds(kernels[name]) if looked_up else None
+        default = defaults.get(name)
         if default is not None:
             cost = cheaper_of(KernelCost(default, "measured", 0, cost.error), cost.library)
         result[name] = cost

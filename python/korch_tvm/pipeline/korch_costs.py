@@ -156,18 +156,19 @@ def cost_what_plans_need(kept_kernels, predicted, stock_keys, anchors, solve, ke
         key: cost for key, cost in library([key for key in kept_kernels if key not in best]
                                            ).items() if math.isfinite(cost.seconds)}
 
-    def cannot_win(stage: str) -> bool:
+    def cannot_win(known_defaults, stage: str) -> bool:
         return beat_seconds is not None and _cannot_win(
-            lambda costs: solve_on(costs, False), predicted,
-            default_schedule_costs(kept_kernels, _measured(best), tuning_log), margin, anchors,
+            lambda costs: solve_on(costs, False), predicted, known_defaults, margin, anchors,
             ceilings, beat_seconds, stage)
 
-    if cannot_win("on what the log holds"):
+    if cannot_win(default_schedule_costs(kept_kernels, _measured(best), tuning_log),
+                  "on what the log holds"):
         return None
     best.update(measure([key for key in kept_kernels if key in stock_keys and key not in best]))
-    if cannot_win("with TVM's fusion groups measured"):
-        return None
     known = _measured(best)
+    start = default_schedule_costs(kept_kernels, known, tuning_log)
+    if cannot_win(start, "with TVM's fusion groups measured"):
+        return None
     anchors = _library_apart(anchors, known)
 
     def lazily(within_memory, measured):
@@ -186,7 +187,6 @@ def cost_what_plans_need(kept_kernels, predicted, stock_keys, anchors, solve, ke
     # A solve within the memory limit solves a piece again per round of kernels it leaves out
     # (hundreds on a cold log's optimistic prices: 13 s of ViT-S/32's 45 s in one layout), so
     # the rounds settle the plan without the limit first, then go on within it.
-    start = default_schedule_costs(kept_kernels, known, tuning_log)
     unlimited = (None if settled(start, False) and settled(start, True)
                  else lazily(False, start))
     limited = lazily(True, start if unlimited is None else unlimited.known)
