@@ -470,3 +470,20 @@ def test_kernels_are_measured_only_once_this_process_s_pool_is_idle(tmp_path, mo
                             runner=Recording(local_runner(TARGET)), progress=False)
     assert all(cost.source == "measured" for cost in costs.values())
     assert events.count("run") >= 1 and events == ["wait", "run"] * events.count("run")
+
+
+def test_a_search_that_leaves_a_never_measured_kernel_without_records_costs_it_failed(
+        tmp_path, monkeypatch):
+    """A kernel costed at its library time alone has no record; a search that then logs none
+    leaves TVM without a time for it: failed (the library's time replaces it), never None."""
+    import korch_tvm.costing.measure as profiler
+    from korch_tvm.costing.kernel_costs import LibraryTime, cheaper_of
+
+    monkeypatch.setattr(profiler, "_tune_group", lambda names, *args: {})
+    kernel = legalized_kernels(8)["add"]
+    log = TuningLog(str(tmp_path), TARGET)
+    (cost,) = tune_kernels({"add": kernel}, {"add": 16}, TARGET, log, progress=False).values()
+    assert (cost.seconds, cost.source, cost.error) == (math.inf, "failed",
+                                                       "tuning left no record")
+    library = LibraryTime("openblas.sgemm", 2e-5)
+    assert cheaper_of(cost, library).seconds == 2e-5

@@ -177,7 +177,12 @@ def _tune(names, kernels, target, tuning_log, builder, runner, per_task, deadlin
             seconds_per_trial = (time.perf_counter() - began) / sum(done.values())
         for name in chunk:
             best = tuning_log.best_seconds(kernels[name])
-            costs[name] = KernelCost(best, "tuned", done[name], errors.get(name))
+            # no record at all (a kernel costed at its library time alone, then a search that
+            # found nothing): TVM has no time for it, which the library's may then replace
+            costs[name] = (KernelCost(math.inf, "failed", done[name],
+                                      errors.get(name) or "tuning left no record")
+                           if best is None else
+                           KernelCost(best, "tuned", done[name], errors.get(name)))
         # what MetaSchedule did not run of the trials asked (its search ran out) is done too
         bar.skip(max(0, ticked + per_task * len(chunk) - bar.done), "tune")
         bar.tick(0, kernels=len(chunk))
