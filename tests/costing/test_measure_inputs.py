@@ -53,6 +53,8 @@ def test_an_embedding_take_is_measured(tmp_path):
                             predictor=lambda module: 1.0)
     cost = costs["take"]
     assert cost.source == "measured", cost.error
-    # 16 rows of 64 floats: microseconds, nowhere near the 1 s prediction it would fall back to
-    assert math.isfinite(cost.seconds) and 0 < cost.seconds < 1e-3
+    # 16 rows of 64 floats run in microseconds; the bound only tells a measurement from the 1 s
+    # prediction it would fall back to, with room for scheduler slices on a busy 2-core machine
+    # (CI timed it once at 6.3 ms)
+    assert math.isfinite(cost.seconds) and 0 < cost.seconds < 0.1
     assert log.best_seconds(_take_kernel()) == pytest.approx(cost.seconds)
