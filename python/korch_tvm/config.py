@@ -25,8 +25,9 @@ SUBSTITUTION_CHOICES = ("on", "off")
 class KorchConfig:
     """What to compile for and how much effort to spend.
 
-    `trials` is the total MetaSchedule budget of one compile, shared by every kernel that the
-    tuning log does not already hold; 0 means no search (untuned kernels are measured once with
+    `trials` is the MetaSchedule budget of the model's kernels in all: trials the tuning log
+    already holds for them count, so a compile runs what is left of it (a second compile with
+    the same budget runs none); 0 means no search (untuned kernels are measured once with
     their default schedule). `tuning_logs` is the root directory of the on-disk logs (one
     sub-directory per target); None keeps records in memory only, for this compile.
 

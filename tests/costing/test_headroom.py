@@ -74,7 +74,25 @@ def test_trials_go_where_time_can_be_saved(tmp_path):
     log.commit_run(kernels["large"], [32e-5] * SAMPLES)
     shares = {"small": 1.0, "large": 1.0}
     allocation = trial_allocation(kernels, shares, 40, log)
-    assert allocation == {"small": 4, "large": 32}
+    assert allocation == {"small": 4, "large": 36}
     # a later, faster record (a tuned schedule) does not move the split
     log.commit_run(kernels["large"], [8e-5] * SAMPLES)
     assert trial_allocation(kernels, shares, 40, TuningLog(tmp_path, TARGET)) == allocation
+
+
+def test_trials_on_kernels_the_plan_left_count_toward_the_budget(tmp_path):
+    """A kernel named twice is one kernel (shares added, one target); trials the log holds for
+    a kernel the plan no longer chooses count toward the budget, so a re-solve that swapped it
+    out does not earn the next compile more trials at the same budget."""
+    kernels = {"small": legalized_kernel(32), "large": legalized_kernel(64),
+               "twin": legalized_kernel(64)}
+    log = TuningLog(tmp_path, TARGET)
+    log.commit_run(kernels["small"], [1e-5] * SAMPLES)
+    log.commit_run(kernels["large"], [32e-5] * SAMPLES)
+    allocation = trial_allocation(kernels, {"small": 1.0, "large": 0.5, "twin": 0.5}, 40, log)
+    assert allocation == {"small": 4, "large": 36, "twin": 36}
+    log.add_tuning_attempts(kernels["small"], 4)   # the compile tunes as allotted
+    log.add_tuning_attempts(kernels["large"], 36)
+    assert trial_allocation(kernels, {"small": 1.0}, 40, log) == {"small": 0}
+    assert trial_allocation({"small": kernels["small"]}, {"small": 1.0}, 40, log) == {"small": 40}
+    assert trial_allocation(kernels, {"small": 1.0}, 80, log) == {"small": 44}

@@ -110,11 +110,10 @@ def tune_kernels(kernels: Mapping[str, tvm.IRModule], allocation: Mapping[str, i
                  tuning_log: TuningLog, *, time_budget: float | None = None, runner=None,
                  builder=None, progress: bool | None = None, seed: int = 0,
                  scratch: str | None = None) -> dict[str, KernelCost]:
-    """Tune each kernel up to its allocated trials; kernels already tuned that far are skipped.
+    """Tune each kernel until the log holds its allocated trials; kernels that far are skipped.
 
-    A kernel counts as done once it holds at least half its allocation in tuning records, so a
-    second compile with the same budget runs zero trials, and a much larger budget tunes more.
-    `allocation`: trials per kernel name (`trial_allocation`); `time_budget`: seconds it may
+    `allocation`: trials per kernel name (`trial_allocation`, which decides what counts as
+    tuned enough, so a second compile with the same budget runs none); `time_budget`: seconds it may
     take; `runner`/`builder`: MetaSchedule's (default: this machine's, the builder exporting
     under `scratch`); `progress`: the progress line (None: when stderr is a terminal); `seed`:
     of the search. Returns costs for the kernels that were tuned now.
@@ -124,7 +123,7 @@ def tune_kernels(kernels: Mapping[str, tvm.IRModule], allocation: Mapping[str, i
     allocated = {n: kernels[n] for n in allocation if allocation[n] > 0}
     for name in structurally_equal_groups(allocated):
         spent = tuned_trials(tuning_log, kernels[name])
-        if spent * 2 < allocation[name]:
+        if spent < allocation[name]:
             more = -(-(allocation[name] - spent) // MIN_TRIALS_PER_TASK) * MIN_TRIALS_PER_TASK
             todo.setdefault(more, []).append(name)
     if not todo:

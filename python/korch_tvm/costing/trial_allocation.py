@@ -1,8 +1,9 @@
 """How a trial budget is split over kernels: by where the time goes and could be saved.
 
 Each kernel's share is its latency share times its headroom above its floor (costing/headroom.py);
-trials go in multiples of `MIN_TRIALS_PER_TASK`, and what the log already covers moves to the
-kernels that still need tuning, so a second compile with the same budget runs no trial.
+trials go in multiples of `MIN_TRIALS_PER_TASK`. The budget is what a plan's kernels should hold
+in all: trials the log already holds for them count, whichever compile ran them, so a second
+compile with the same budget runs no trial even where tuning made it choose other kernels.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from collections.abc import Callable, Mapping
 import tvm
 
 from ..backend.target import parse_target
+from ..kernels.keys import structurally_equal_groups
 from .default_measurement import default_schedules
 from .headroom import kernel_headrooms
 from .tuning_log import TuningLog
@@ -26,8 +28,9 @@ def allocate_trials(shares: Mapping[str, float], budget: int,
 
     Shares are rounded down to multiples of `minimum`; a kernel whose share is worth fewer than
     `minimum` trials gets none at first (a few random trials rarely beat the default schedule),
-    then what is left goes `minimum` at a time to the next kernels by share. Never more than
-    `budget` in total; deterministic (ties broken by name).
+    then what is left goes `minimum` at a time to the next kernels by share, those without
+    trials first. Never more than `budget` in total, less only by under `minimum` where a kernel
+    is left without trials; deterministic (ties broken by name).
     """
     usable = {name: share for name, share in shares.items()
               if math.isfinite(share) and share > 0}
@@ -39,46 +42,69 @@ def allocate_trials(shares: Mapping[str, float], budget: int,
     for name in ranked:
         allocation[name] = int(budget * usable[name] / total) // minimum * minimum
     left = budget - sum(allocation.values())
-    for name in ranked:
+    for name in [n for n in ranked if allocation[n] == 0] + ranked:
         if left < minimum:
             break
-        if allocation[name] == 0:
-            allocation[name] = minimum
-            left -= minimum
+        allocation[name] += minimum
+        left -= minimum
     return allocation
 
 
 def allocate_new_trials(shares: Mapping[str, float], budget: int, spent: Callable[[str], int],
-                        minimum: int = MIN_TRIALS_PER_TASK) -> dict[str, int]:
-    """`allocate_trials`, with the trials of kernels the log already covers moved to the rest.
+                        minimum: int = MIN_TRIALS_PER_TASK, others: int = 0) -> dict[str, int]:
+    """How many trials each kernel should hold once this compile has tuned (`tune_kernels`
+    runs the difference); 0 for a kernel it leaves alone.
 
-    A kernel covers its allocation when it holds at least half of it in tuning records (the
-    test `tune_kernels` applies; `spent(name)` is what it holds, asked only of kernels with
-    an allocation), e.g. tuned by the other compile path, which shares most kernels. Those
-    allocations are added, by share, to the kernels that still need tuning, so a compile runs
-    its whole budget where it can. The additions only ever raise an allocation, so once a
-    compile has tuned every kernel so allocated, the next compile with the same budget finds
-    each one covered again and runs no trial; a kernel whose share earned no trials earns none
-    from what is moved.
+    `allocate_trials` says what each kernel's share is worth; a kernel holding at least half
+    of that (`spent(name)`: trials the log holds for it) is covered. The others are tuned up to
+    their worth, but in all only by what the budget has left over what the log already holds
+    for these kernels and the model's `others` (trials it holds for kernels a plan could choose
+    instead): a compile whose tuning made the solver choose other kernels has spent its budget
+    on this model, so the next compile with that budget runs no trial; a much larger budget
+    tunes more. Where the log holds another compile path's trials for some kernels, those count
+    too, and the rest is split by share among the kernels still to tune.
     """
-    first = allocate_trials(shares, budget, minimum)
-    covered = {name for name, trials in first.items()
-               if trials == 0 or spent(name) * 2 >= trials}
-    moved = allocate_trials({name: share for name, share in shares.items() if name not in covered},
-                            sum(first[name] for name in covered), minimum)
-    return {name: trials + moved.get(name, 0) for name, trials in first.items()}
+    worth = allocate_trials(shares, budget, minimum)
+    if not any(worth.values()):
+        return worth
+    held = {name: spent(name) for name in shares}
+    owed = {name: trials - held[name] for name, trials in worth.items()
+            if held[name] * 2 < trials}
+    left = budget - sum(held.values()) - others
+    if left < minimum or not owed:
+        return dict.fromkeys(shares, 0)
+    if sum(owed.values()) > left:
+        owed = {name: trials for name, trials in
+                allocate_trials({name: shares[name] for name in owed}, left, minimum).items()
+                if trials}
+    return {name: held[name] + owed[name] if name in owed else 0 for name in shares}
 
 
 def trial_allocation(kernels: Mapping[str, tvm.IRModule], shares: Mapping[str, float],
                      budget: int, tuning_log: TuningLog) -> dict[str, int]:
     """`allocate_new_trials` against what `tuning_log` holds for each kernel, each latency share
-    weighted by how far the kernel's default schedule is from its floor (costing/headroom.py)."""
+    weighted by how far the kernel's default schedule is from its floor (costing/headroom.py).
+
+    `kernels` may name more than `shares` does: the model's other candidate kernels, whose
+    trials count toward the budget too. Structurally equal kernels are one kernel, their shares
+    added (tune_kernels tunes them once)."""
+    if budget < MIN_TRIALS_PER_TASK:
+        return dict.fromkeys(shares, 0)
+    groups = structurally_equal_groups(kernels)
+    first_of = {name: first for first, names in groups.items() for name in names}
     defaults = {name: tuning_log.default_seconds(kernels[name]) for name in shares}
     headrooms = kernel_headrooms(kernels, {name: seconds for name, seconds in defaults.items()
                                            if seconds is not None})
-    savings = {name: share * headrooms.get(name, 1.0) for name, share in shares.items()}
-    return allocate_new_trials(savings, budget,
-                               lambda name: tuned_trials(tuning_log, kernels[name]))
+    savings: dict[str, float] = {}
+    for name, share in shares.items():
+        first = first_of[name]
+        savings[first] = savings.get(first, 0.0) + share * headrooms.get(name, 1.0)
+    others = sum(tuning_log.tuning_attempts(kernels[first]) for first in groups
+                 if first not in savings)
+    allocation = allocate_new_trials(savings, budget,
+                                     lambda name: tuned_trials(tuning_log, kernels[name]),
+                                     others=others)
+    return {name: allocation[first_of[name]] for name in shares}
 
 
 def tuned_trials(tuning_log: TuningLog, kernel_mod: tvm.IRModule) -> int:
@@ -87,10 +113,11 @@ def tuned_trials(tuning_log: TuningLog, kernel_mod: tvm.IRModule) -> int:
     log has no such count of (tuned by a korch_tvm from before the count, or never), its distinct
     schedules beyond the default ones (two compiles sharing a log may both measure a default
     schedule: counted as trials, they left a shared log's kernels untuned). Deriving those
-    schedules takes ~0.2 s per kernel, which a warm compile with a trial budget would pay for
-    every planned kernel."""
+    schedules takes ~0.2 s per kernel, so only a kernel with more than one schedule pays it."""
     attempts = tuning_log.tuning_attempts(kernel_mod)
     if attempts:
         return attempts
+    if tuning_log.schedule_count(kernel_mod) <= 1:   # at most its default schedule: no trials
+        return 0
     defaults = max(1, len(default_schedules(kernel_mod, parse_target(tuning_log.target))))
     return max(tuning_log.schedule_count(kernel_mod) - defaults, 0)

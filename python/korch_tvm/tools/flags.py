@@ -75,7 +75,7 @@ FLAGS: dict[str, Flag] = {flag.name: flag for flag in (
              "starting points, measured here"), "tuning_logs"),
     Flag(("--trials",), dict(
         type=int, default=0, metavar="N",
-        help="total MetaSchedule trials of one compile for kernels not yet in the log "
+        help="MetaSchedule trials for the model's kernels in all, those the log holds counted "
              "(default 0: no search, kernels without records use default schedules)"),
          "trials"),
     Flag(("--trials-per-kernel",), dict(
