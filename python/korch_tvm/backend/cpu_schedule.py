@@ -202,9 +202,14 @@ def _with_packed_weights(schedule, target):
     # Marked as postprocessing: MetaSchedule, seeding its search with this record, replays the
     # trace without it and packs the weights of its own candidates itself.
     packed.enter_postproc()
-    rewrite = RewriteLayout()
-    rewrite._initialize_with_tune_context(ms.TuneContext(schedule.mod, target=target))
+    rewrite = _LAYOUT_REWRITERS.get(str(target))
+    if rewrite is None:  # a TuneContext costs about half a second; the postprocessor keeps none
+        rewrite = _LAYOUT_REWRITERS[str(target)] = RewriteLayout()
+        rewrite._initialize_with_tune_context(ms.TuneContext(schedule.mod, target=target))
     return packed if rewrite.apply(packed) else schedule
+
+
+_LAYOUT_REWRITERS: dict = {}  # target text -> RewriteLayout initialized for it
 
 
 def _still_there(schedule, block_rv) -> bool:

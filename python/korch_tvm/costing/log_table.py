@@ -17,6 +17,7 @@ import tvm
 import tvm_ffi
 from tvm.s_tir.meta_schedule.database import TuningRecord, Workload
 
+from ..kernels.keys import module_hash
 from .log_lines import _short, record_seconds
 
 logger = logging.getLogger("korch_tvm.tuning_log")  # the log's one voice, whichever part speaks
@@ -107,7 +108,7 @@ class _Table:
 
     def find(self, mod: tvm.IRModule) -> int | None:
         """Canonical line number of the workload structurally equal to `mod`."""
-        for line in self.by_hash.get(tvm_ffi.structural_hash(mod), []):
+        for line in self.by_hash.get(module_hash(mod), []):
             if tvm_ffi.structural_equal(self.workloads[line].mod, mod):
                 return line
         return None
@@ -115,7 +116,7 @@ class _Table:
     def add_workload(self, line: int, workload: Workload) -> None:
         found = self.find(workload.mod)
         if found is None:
-            self.by_hash.setdefault(tvm_ffi.structural_hash(workload.mod), []).append(line)
+            self.by_hash.setdefault(module_hash(workload.mod), []).append(line)
             found = line
         self.workloads[line] = workload
         self.canonical[line] = found
