@@ -56,20 +56,21 @@ def allocate_new_trials(shares: Mapping[str, float], budget: int, spent: Callabl
     runs the difference); 0 for a kernel it leaves alone.
 
     `allocate_trials` says what each kernel's share is worth; a kernel holding at least half
-    of that (`spent(name)`: trials the log holds for it) is covered. The others are tuned up to
-    their worth, but in all only by what the budget has left over what the log already holds
-    for these kernels and the model's `others` (trials it holds for kernels a plan could choose
-    instead): a compile whose tuning made the solver choose other kernels has spent its budget
-    on this model, so the next compile with that budget runs no trial; a much larger budget
-    tunes more. Where the log holds another compile path's trials for some kernels, those count
-    too, and the rest is split by share among the kernels still to tune.
+    of that (`spent(name)`: trials the log holds for it, asked only of kernels worth some) is
+    covered. The others are tuned up to their worth, but in all only by what the budget has
+    left over what the log already holds for these kernels and the model's `others` (trials it
+    holds for its kernels worth none here: those a plan could choose instead). A compile whose
+    tuning made the solver choose other kernels has spent its budget on this model, so the next
+    compile with that budget runs no trial; a much larger budget tunes more. Where the log holds
+    another compile path's trials for some kernels, those count too, and the rest is split by
+    share among the kernels still to tune.
     """
     worth = allocate_trials(shares, budget, minimum)
     if not any(worth.values()):
         return worth
-    held = {name: spent(name) for name in shares}
+    held = {name: spent(name) for name, trials in worth.items() if trials}
     owed = {name: trials - held[name] for name, trials in worth.items()
-            if held[name] * 2 < trials}
+            if trials and held[name] * 2 < trials}
     left = budget - sum(held.values()) - others
     if left < minimum or not owed:
         return dict.fromkeys(shares, 0)
@@ -99,8 +100,9 @@ def trial_allocation(kernels: Mapping[str, tvm.IRModule], shares: Mapping[str, f
     for name, share in shares.items():
         first = first_of[name]
         savings[first] = savings.get(first, 0.0) + share * headrooms.get(name, 1.0)
+    worth = allocate_trials(savings, budget)
     others = sum(tuning_log.tuning_attempts(kernels[first]) for first in groups
-                 if first not in savings)
+                 if not worth.get(first))   # the count alone: deriving it costs ~0.2 s a kernel
     allocation = allocate_new_trials(savings, budget,
                                      lambda name: tuned_trials(tuning_log, kernels[name]),
                                      others=others)
