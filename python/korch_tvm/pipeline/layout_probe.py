@@ -3,11 +3,15 @@
 Planning a model with convolutions in both activation layouts measured every kernel either
 plan needed, and on a cold CNN compile about half of the time went to the layout that then
 lost (NCHW, modelled 1.3-3.7x slower than NHWC on 12 of the zoo's 21 convolution models). The
-convolutions decide much of the contest, so the heaviest stock kernels of each layout
-(FuseOps' groups, by FLOPs times uses, at least `PROBE_FLOP_SHARE` of the FLOPs of the kernels
-that differ between the layouts) are measured first, and a layout whose FLOP rate on them is
+convolutions decide much of the contest, so the heaviest stock kernels of each layout and
+compute kind (FuseOps' groups, by FLOPs times uses, at least `PROBE_FLOP_SHARE` of each kind's
+FLOPs among the kernels that differ between the layouts) are measured first; each kind's FLOP
+rate on them stands for the whole kind, and a layout whose FLOP rate so estimated is
 `SCREEN_RATIO` times below the best layout's, and which is not that much faster on any
-convolution both measured, is not planned.
+convolution both measured, is not planned. By kind, because a kind with few FLOPs can hold
+much of the time: SSDlite's depthwise convolutions are 8 % of its convolution FLOPs and ran
+18.9 ms in NCHW against 4.6 ms in NHWC, while its heaviest 1x1 convolutions, all that a probe
+by FLOPs alone measured, ran within 10 % (bench/results/layout-probe-kinds/).
 Where the kernels that differ between the layouts are a small share of the model's FLOPs (a
 ViT's patch embedding, under `MINOR_SHARE`), the layout choice can change little, and only the
 layout that is faster on them is planned.
@@ -28,13 +32,18 @@ import tvm
 
 from ..costing.session import CostingSession
 from ..kernels.kernel_facts import kernel_flops
+from ..kernels.kinds import kernel_kind
 from .layout_plan import Prepared
 
 logger = logging.getLogger("korch_tvm.data_layout")
 
 SCREEN_RATIO = 1.3  # a layout this many times slower on the probe kernels is not planned
-PROBE_FLOP_SHARE = 0.5  # of the stock plan's FLOPs, covered by the kernels measured
-PROBE_MAX_KERNELS = 8  # per layout, however the FLOPs are spread
+# ... unless the convolutions it clearly wins would save this share of the fastest layout's
+# time: SSDlite's NCHW won one 1x1 convolution 1.35x (0.21 ms, 1.5 % of NHWC's estimate) and was
+# planned in full, 40 % of a cold compile, for a plan 1.83x slower and no region in NCHW.
+REGION_GAIN = 0.02
+PROBE_FLOP_SHARE = 0.5  # of each kind's FLOPs, covered by the kernels measured
+PROBE_MAX_KERNELS = 8  # per layout and kind, however the FLOPs are spread
 # Kernels that differ between the layouts holding less than this share of every layout's stock
 # FLOPs leave little to choose: ViT-S/32's patch embedding is about 3 % of its FLOPs, and its
 # two plans modelled 0.4 % apart (Swin-T 0.2 %, DeiT-tiny 0.6 %), each planned in full.
@@ -48,6 +57,7 @@ class StockKernel(NamedTuple):
     module: tvm.IRModule
     uses: int
     flops: float  # of one use
+    kind: str = "memory"  # kernels/kinds.py
 
 
 def stock_kernels(prepared: Prepared) -> dict[str, StockKernel]:
@@ -55,8 +65,9 @@ def stock_kernels(prepared: Prepared) -> dict[str, StockKernel]:
     found = prepared.found
     uses = Counter(found.kernels.keys[i] for i, candidate in enumerate(found.candidates)
                    if candidate.is_stock and found.kernels.keys[i] is not None)
-    return {key: StockKernel(found.kernels.modules[key], count,
-                             kernel_flops(found.kernels.modules[key]))
+    modules = found.kernels.modules
+    return {key: StockKernel(modules[key], count, kernel_flops(modules[key]),
+                             kernel_kind(modules[key]["main"]))
             for key, count in uses.items()}
 
 
@@ -80,52 +91,78 @@ def differing_share(kernels: Mapping[str, StockKernel],
 
 
 def probe_set(kernels: Mapping[str, StockKernel]) -> list[str]:
-    """The heaviest kernels by FLOPs times uses, until they cover `PROBE_FLOP_SHARE` of all
-    (at most `PROBE_MAX_KERNELS`)."""
-    total = sum(kernel.flops * kernel.uses for kernel in kernels.values())
-    chosen, covered = [], 0.0
-    for key in sorted(kernels, key=lambda k: -kernels[k].flops * kernels[k].uses):
-        if covered >= PROBE_FLOP_SHARE * total or len(chosen) == PROBE_MAX_KERNELS:
-            break
-        chosen.append(key)
-        covered += kernels[key].flops * kernels[key].uses
+    """Per kind with FLOPs, its heaviest kernels by FLOPs times uses, until they cover
+    `PROBE_FLOP_SHARE` of the kind's (at most `PROBE_MAX_KERNELS` of a kind)."""
+    chosen = []
+    for keys in _by_kind(kernels).values():
+        total, covered, taken = sum(_work(kernels[key]) for key in keys), 0.0, 0
+        for key in sorted(keys, key=lambda k: -_work(kernels[k])):
+            if covered >= PROBE_FLOP_SHARE * total or taken == PROBE_MAX_KERNELS:
+                break
+            chosen.append(key)
+            covered, taken = covered + _work(kernels[key]), taken + 1
     return chosen
 
 
+def _work(kernel: StockKernel) -> float:
+    return kernel.flops * kernel.uses
+
+
+def _by_kind(kernels: Mapping[str, StockKernel]) -> dict[str, list[str]]:
+    """The keys of the kernels with FLOPs, by kind (a layout's own transposes have none)."""
+    kinds: dict[str, list[str]] = {}
+    for key, kernel in kernels.items():
+        if _work(kernel) > 0:
+            kinds.setdefault(kernel.kind, []).append(key)
+    return kinds
+
+
 class Probe(NamedTuple):
-    """One layout's probe: its FLOP rate over the kernels measured, and the seconds of each
-    of them by its FLOPs (the same convolution has the same FLOPs in either layout)."""
+    """One layout's probe: its FLOP rate, estimated over the `flops` of the kinds it measured,
+    and the seconds of each kernel measured (all its uses) by its FLOPs (the same convolution
+    has the same FLOPs in either layout)."""
 
     rate: float
     seconds_by_flops: dict[float, float]
+    flops: float = 0.0
 
 
 def probe_result(kernels: Mapping[str, StockKernel], seconds: Mapping[str, float]) -> Probe:
-    """The `Probe` of the kernels timed in `seconds` (each counted as often as it is used)."""
-    flops = sum(kernels[key].flops * kernels[key].uses for key in seconds)
-    time = sum(seconds[key] * kernels[key].uses for key in seconds)
+    """The `Probe` of the kernels timed in `seconds` (each counted as often as it is used): the
+    FLOPs of every kind probed over its time estimated at the FLOP rate of its probed kernels."""
+    flops, time = 0.0, 0.0
+    for keys in _by_kind(kernels).values():
+        probed = [key for key in keys if key in seconds]
+        probed_work = sum(_work(kernels[key]) for key in probed)
+        if probed_work > 0:
+            kind_work = sum(_work(kernels[key]) for key in keys)
+            flops += kind_work
+            time += sum(seconds[key] * kernels[key].uses for key in probed) * (
+                kind_work / probed_work)
     by_flops: dict[float, float] = {}
     for key, taken in seconds.items():
-        rounded = float(f"{kernels[key].flops:.3g}")
+        rounded, taken = float(f"{kernels[key].flops:.3g}"), taken * kernels[key].uses
         by_flops[rounded] = min(taken, by_flops.get(rounded, taken))
-    return Probe(flops / time if time > 0 else 0.0, by_flops)
+    return Probe(flops / time if time > 0 else 0.0, by_flops, flops)
 
 
 def layouts_worth_planning(probes: Mapping[str, Probe | None]) -> list[str]:
-    """Every layout but those beaten by the fastest: `SCREEN_RATIO` times below its FLOP rate
-    and nowhere `SCREEN_RATIO` times faster on a convolution both probes measured (a layout
-    that clearly wins one of them may win a region: layout/regions.py; within that ratio it is
-    a tie, as two measurements of one kernel can differ by a few percent). All of them when a
-    probe is missing (None: a kernel could not be measured) or the probes share no kernel."""
+    """Every layout but those beaten by the fastest: `SCREEN_RATIO` times below its FLOP rate,
+    and its clear wins, the convolutions both probes measured that it runs `SCREEN_RATIO` times
+    faster (it may win their regions: layout/regions.py; within that ratio it is a tie, as two
+    measurements of one kernel can differ by a few percent), would save less than
+    `REGION_GAIN` of the fastest layout's estimated time. All of them when a probe is missing
+    (None: a kernel could not be measured) or the probes share no kernel."""
     if any(probe is None or probe.rate <= 0 for probe in probes.values()):
         return list(probes)
     best = max(probes.values(), key=lambda probe: probe.rate)
 
     def beaten(probe: Probe) -> bool:
-        shared = best.seconds_by_flops.keys() & probe.seconds_by_flops.keys()
+        mine, theirs = probe.seconds_by_flops, best.seconds_by_flops
+        shared = theirs.keys() & mine.keys()
+        wins = sum(theirs[f] - mine[f] for f in shared if mine[f] * SCREEN_RATIO < theirs[f])
         return (probe.rate * SCREEN_RATIO < best.rate and bool(shared)
-                and all(probe.seconds_by_flops[f] * SCREEN_RATIO > best.seconds_by_flops[f]
-                        for f in shared))
+                and wins < REGION_GAIN * best.flops / best.rate)
 
     return [layout for layout, probe in probes.items() if not beaten(probe)]
 
@@ -158,8 +195,8 @@ def screen_layouts(prepared: Mapping[str, Prepared],
     kept = layouts_to_plan(probes, share)
     # said either way: whether a compile plans one layout or two is most of a CNN's time
     dropped = [layout for layout in prepared if layout not in kept]
-    logger.info("layout probe: %s (GFLOP/s on the heaviest kernels: %s; the layouts differ in "
-                "%.1f %% of the FLOPs)",
+    logger.info("layout probe: %s (GFLOP/s, from each kind's heaviest kernels: %s; the layouts "
+                "differ in %.1f %% of the FLOPs)",
                 f"{', '.join(dropped)} not planned" if dropped else "every layout planned",
                 ", ".join(f"{layout} {probe.rate / 1e9:.1f}" if probe else f"{layout} unmeasured"
                           for layout, probe in probes.items()), share * 100)
