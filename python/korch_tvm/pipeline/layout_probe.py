@@ -7,8 +7,9 @@ convolutions decide much of the contest, so the heaviest stock kernels of each l
 compute kind (FuseOps' groups, by FLOPs times uses, at least `PROBE_FLOP_SHARE` of each kind's
 FLOPs among the kernels that differ between the layouts) are measured first; each kind's FLOP
 rate on them stands for the whole kind, and a layout whose FLOP rate so estimated is
-`SCREEN_RATIO` times below the best layout's, and which is not that much faster on any
-convolution both measured, is not planned. By kind, because a kind with few FLOPs can hold
+`SCREEN_RATIO` times below the best layout's, and whose clear wins (convolutions both measured
+that it runs that much faster) would save under `REGION_GAIN` of the best layout's time, is
+not planned. By kind, because a kind with few FLOPs can hold
 much of the time: SSDlite's depthwise convolutions are 8 % of its convolution FLOPs and ran
 18.9 ms in NCHW against 4.6 ms in NHWC, while its heaviest 1x1 convolutions, all that a probe
 by FLOPs alone measured, ran within 10 % (bench/results/layout-probe-kinds/).
