@@ -38,9 +38,9 @@ def test_stock_compile_tunes_and_matches_onnxruntime(tmp_path):
 
 
 def test_korch_second_compile_runs_zero_trials_and_gives_the_same_plan(tmp_path):
-    """The tuned times the first compile logged can make the second one's lazy rounds measure
-    a few kernels they now favour (CI: 2 of them once); it tunes nothing, and from then on the
-    log is settled: the third compile measures nothing and plans as the second did."""
+    """After a compile that tuned, the second may measure a few kernels (CI: 2 once; see
+    docs/tuning-logs.md) but tunes nothing, and from then on the log is settled: the third
+    compile measures nothing and plans as the second did."""
     model = make_tiny_onnx(rows=32, cols=64)
     _, first = compile_model(model, korch=True, tuning_logs=str(tmp_path), trials=8)
     _, second = compile_model(model, korch=True, tuning_logs=str(tmp_path), trials=8)
