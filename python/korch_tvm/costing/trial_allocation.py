@@ -119,7 +119,8 @@ def tuned_trials(tuning_log: TuningLog, kernel_mod: tvm.IRModule) -> int:
     attempts = tuning_log.tuning_attempts(kernel_mod)
     if attempts:
         return attempts
-    if tuning_log.schedule_count(kernel_mod) <= 1:   # at most its default schedule: no trials
+    schedules = tuning_log.schedule_count(kernel_mod)
+    if schedules <= 1:   # at most its default schedule: no trials
         return 0
     defaults = max(1, len(default_schedules(kernel_mod, parse_target(tuning_log.target))))
-    return max(tuning_log.schedule_count(kernel_mod) - defaults, 0)
+    return max(schedules - defaults, 0)

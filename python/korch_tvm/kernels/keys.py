@@ -63,7 +63,7 @@ def structurally_equal_groups(items: Mapping) -> dict:
     groups: dict = {}
     by_hash: dict[int, list] = {}
     for key, value in items.items():
-        bucket = by_hash.setdefault(tvm_ffi.structural_hash(value), [])
+        bucket = by_hash.setdefault(module_hash(value), [])
         first = next((kept for kept in bucket if tvm_ffi.structural_equal(items[kept], value)),
                      None)
         if first is None:

@@ -86,9 +86,8 @@ def layout_specific(kernels: Mapping[str, Mapping[str, StockKernel]]
 def differing_share(kernels: Mapping[str, StockKernel],
                     specific: Mapping[str, StockKernel]) -> float:
     """The share of `kernels`' FLOPs (times uses) in `specific`, those no other layout has."""
-    total = sum(kernel.flops * kernel.uses for kernel in kernels.values())
-    return (sum(kernel.flops * kernel.uses for kernel in specific.values()) / total
-            if total > 0 else 1.0)
+    total = sum(_work(kernel) for kernel in kernels.values())
+    return sum(_work(kernel) for kernel in specific.values()) / total if total > 0 else 1.0
 
 
 def probe_set(kernels: Mapping[str, StockKernel]) -> list[str]:
