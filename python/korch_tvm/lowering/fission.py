@@ -63,6 +63,7 @@ from collections import Counter
 import tvm
 from tvm import relax
 
+from .constant_folding import fold_constants
 from .dead_conv_taps import TrimDeadConvTaps
 from .mutation import mutate_relax_functions
 from .primitive_kinds import OPAQUE, op_kind
@@ -173,12 +174,11 @@ def lower_to_primitives(mod: tvm.IRModule) -> tvm.IRModule:
     Convolution taps that read only padding are cut first (`dead_conv_taps`). The rules
     leave alias and unused tuple bindings behind, and constant-only subexpressions (e.g.
     batch-norm factors computed from parameters) are folded so that they do not become
-    primitives of their own.
+    primitives of their own (in numpy where it is exact: `constant_folding`).
     """
-    return tvm.transform.Sequential([
+    lowered = tvm.transform.Sequential([
         TrimDeadConvTaps(),
         PrimitiveLowering(),
         relax.transform.CanonicalizeBindings(),
-        relax.transform.FoldConstant(),
-        relax.transform.DeadCodeElimination(),
     ])(mod)
+    return fold_constants(lowered)
