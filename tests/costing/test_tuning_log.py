@@ -198,6 +198,30 @@ def test_records_are_read_only_when_used_and_an_unappliable_one_is_set_aside(tmp
     assert "set aside" not in caplog.text and "does not apply" not in caplog.text
 
 
+def test_a_record_this_log_wrote_is_not_replayed_and_reads_back_the_same(tmp_path, monkeypatch):
+    """A record the compile itself built and measured needs no replay to be trusted (12 ms a
+    record, thousands a cold compile); another log reading the file replays it once and finds
+    the same schedule."""
+    from korch_tvm.costing import tuning_log
+
+    mod = small_kernels((16,))["sum_16"]
+    reads = []
+    real_from_json = tuning_log.TuningRecord.from_json
+    monkeypatch.setattr(tuning_log.TuningRecord, "from_json",
+                        staticmethod(lambda *args: reads.append(1) or real_from_json(*args)))
+    log = TuningLog(tmp_path, TARGET)
+    log.commit_run(mod, [3e-4])
+    log.commit_run(mod, [2e-4])
+    assert log.default_seconds(mod) == pytest.approx(3e-4) and log.best_seconds(mod) == \
+        pytest.approx(2e-4)
+    written = log.best_record(mod)
+    assert reads == [] and float(written.run_secs[0]) == pytest.approx(2e-4)
+    reopened = TuningLog(tmp_path, TARGET)
+    read = reopened.best_record(mod)
+    assert reads == [1] and float(read.run_secs[0]) == pytest.approx(2e-4)
+    assert str(read.trace.as_json()) == str(written.trace.as_json())
+
+
 def test_a_record_costs_the_median_of_its_samples_and_implausible_times_are_refused(tmp_path):
     """One stalled sample of three must not set the cost (the mean would make it dozens of
     times the others); a time below 10 ns is no measurement and is refused."""

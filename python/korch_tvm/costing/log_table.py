@@ -121,9 +121,13 @@ class _Table:
         self.workloads[line] = workload
         self.canonical[line] = found
 
-    def add_record(self, line: int, record_json: list) -> None:
-        runs = self.records.setdefault(self.canonical[line], [])
-        runs.append(_Run(record_json, self.workloads[line], self.record_lines))
+    def add_record(self, line: int, record_json: list,
+                   applied: TuningRecord | None = None) -> None:
+        """`applied`: the record itself where its writer has just built its schedule (so its
+        trace is known to apply and need not be replayed when read)."""
+        run = _Run(record_json, self.workloads[line], self.record_lines)
+        run._record = applied
+        self.records.setdefault(self.canonical[line], []).append(run)
         self.record_lines += 1
 
     def runs(self, mod: tvm.IRModule) -> list[_Run]:
