@@ -12,7 +12,7 @@ from korch_tvm.pipeline.layout_probe import (MINOR_SHARE, PROBE_MAX_KERNELS, SCR
                                              Probe, StockKernel, differing_share,
                                              layout_specific, layouts_to_plan,
                                              layouts_worth_planning, probe_result, probe_set,
-                                             screen_layouts, stock_kernels)
+                                             regions_may_pay, screen_layouts, stock_kernels)
 from test_weight_packing import conv_block_onnx
 
 
@@ -88,6 +88,20 @@ def test_layouts_worth_planning():
     assert layouts_worth_planning({"NCHW": None, "NHWC": fast}) == ["NCHW", "NHWC"]
 
 
+def test_a_layout_per_region_is_costed_only_where_another_layout_clearly_wins_one():
+    fast = probe(200.0, f1=1.0, f2=2.0)   # 3 s
+    # DenseNet-121: NCHW within the screening ratio (planned), but faster on no convolution
+    assert not regions_may_pay({"NCHW": probe(180.0, f1=1.1, f2=2.1), "NHWC": fast})
+    assert not regions_may_pay({"NHWC": fast, "NCHW": probe(180.0, f1=0.9, f2=2.1)})  # a tie
+    # clearly faster on one convolution, saving REGION_GAIN of the fastest's time or more
+    assert regions_may_pay({"NCHW": probe(180.0, f1=0.7, f2=2.1), "NHWC": fast})
+    assert not regions_may_pay({"NCHW": probe(10.0, f1=0.7, f2=4.0),  # 0.3 s of 30 s
+                                "NHWC": probe(20.0, f1=1.0, f2=2.0)})
+    # nothing to tell: a probe missing, or no convolution measured in both
+    assert regions_may_pay({"NCHW": None, "NHWC": fast})
+    assert regions_may_pay({"NCHW": probe(180.0, f3=2.0), "NHWC": fast})
+
+
 def test_the_share_of_flops_in_the_kernels_that_differ():
     """A ViT: token matmuls in both layouts, the patch embedding's convolution in one."""
     kernels = {"mm": kernel(100, uses=2), "conv_nchw": kernel(10), "to_tokens": kernel(0)}
@@ -138,17 +152,21 @@ def test_screen_layouts_on_a_convolution_block(rates, kept, monkeypatch, caplog)
     prepared = {layout: prepare_layout(variant, config) for layout, variant in variants.items()}
     session = ScriptedSession(rates)
     # three convolutions: a model this small is planned in both layouts unprobed
-    assert screen_layouts(prepared, session) == prepared
+    assert screen_layouts(prepared, session) == (prepared, True)  # regions as before
     assert session.calls == []
     monkeypatch.setattr(layout_probe, "PROBE_MIN_KERNELS", 1)
     with caplog.at_level("INFO", logger=layout_probe.logger.name):
-        screened = screen_layouts(prepared, session)
+        screened, regions = screen_layouts(prepared, session)
     assert list(screened) == kept
+    # NCHW and NHWC measure the same convolutions at one rate each: neither clearly wins one
+    # that the other runs faster, so a layout per region is not worth costing
+    assert regions == (len(kept) == 1 or rates[0] is None)
     # the probe says what it found whether or not it drops a layout
     said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("layout probe")]
     dropped = [layout for layout in variants if layout not in kept]
     assert len(said) == 1 and (f"{dropped[0]} not planned" if dropped
                                else "every layout planned") in said[0]
+    assert ("no layout per region" in said[0]) == (not regions)
     assert ("NCHW unmeasured" in said[0]) == (rates[0] is None)
     assert all(screened[layout] is prepared[layout] for layout in kept)  # handed on as it is
     # each layout's probe: its heaviest stock kernel (the 3x3 convolution) first
@@ -171,16 +189,17 @@ def test_screen_layouts_plans_the_faster_alone_when_the_difference_is_minor(rate
     prepared = {layout: prepare_layout(variant, KorchConfig(trials=0))
                 for layout, variant in variants.items()}
     monkeypatch.setattr(layout_probe, "PROBE_MIN_KERNELS", 1)
-    both = list(screen_layouts(prepared, ScriptedSession(rates)))
+    both = list(screen_layouts(prepared, ScriptedSession(rates)).prepared)
     assert both == kept + [layout for layout in ("NCHW", "NHWC") if layout not in kept]
     monkeypatch.setattr(layout_probe, "MINOR_SHARE", 1.01)
-    assert list(screen_layouts(prepared, ScriptedSession(rates))) == kept
+    assert list(screen_layouts(prepared, ScriptedSession(rates)).prepared) == kept
 
 
 def test_a_layout_that_cannot_win_is_left_out_and_regions_are_still_tried(monkeypatch):
     """plan_korch's wiring: untuned, each layout after the first is planned against the best
     plan made so far (`beat_ms`); one that cannot beat it (None) is left out of the plans,
-    and a layout per region is still tried, as with both planned."""
+    and a layout per region is still tried, as with both planned, unless the probe found that
+    it cannot pay."""
     import dataclasses
 
     from korch_tvm.pipeline import korch
@@ -223,3 +242,11 @@ def test_a_layout_that_cannot_win_is_left_out_and_regions_are_still_tried(monkey
     monkeypatch.setattr(korch, "tune_once", lambda planned, session: ({}, 0.0))
     korch.plan_korch(mod, KorchConfig(trials=8), session=Session())
     assert asked == [("NCHW", None), ("NHWC", None)]  # tuned: every layout is planned in full
+    # a probe that finds no layout clearly faster on a convolution: no layout per region
+    regions_tried.clear()
+    asked.clear()
+    monkeypatch.setattr(korch, "prepare_layout", lambda variant, config, built=None: variant)
+    monkeypatch.setattr(korch, "screen_layouts", lambda prepared, session: layout_probe.Screened(
+        dict(reversed(list(prepared.items()))), regions_may_pay=False))
+    plan = korch.plan_korch(mod, KorchConfig(trials=0), session=Session())
+    assert asked == [("NHWC", None), ("NCHW", 5.0)] and regions_tried == []

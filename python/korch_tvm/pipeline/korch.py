@@ -48,9 +48,10 @@ def plan_korch(mod: tvm.IRModule, config: KorchConfig, *, predict_only: bool = F
     the profiler's default-schedule measurement (a study replays another run's numbers).
 
     With ``config.layout == "auto"`` a model with convolutions is planned in each activation
-    layout (layout/activations.py), then with a layout per region (layout/regions.py), and the plan of
-    least modelled latency is kept. The trial budget is the compile's, not each layout's: the
-    kernels of every layout's plan are tuned in one round, by their latency share (`tune_once`).
+    layout (layout/activations.py), then with a layout per region (layout/regions.py) unless
+    the layout probe found that one cannot pay, and the plan of least modelled latency is
+    kept. The trial budget is the compile's, not each layout's: the kernels of every layout's
+    plan are tuned in one round, by their latency share (`tune_once`).
     With ``config.memory_limit == "stock"`` the plan needs no more activation storage than TVM's
     own fusion groups (orchestration/memory_plan.py). `session`: the compile's costing session
     (default: one opened here on `config`'s tuning log).
@@ -61,12 +62,12 @@ def plan_korch(mod: tvm.IRModule, config: KorchConfig, *, predict_only: bool = F
                               session=opened)
     # One session for every layout planned: the log is read once, and a kernel two of them
     # share is costed once, through one runner and builder pool, within one time budget.
-    variants, prepared = layout_variants(mod, config.layout), {}
+    variants, prepared, regions_may_pay = layout_variants(mod, config.layout), {}, True
     if (config.layout == "auto" and len(variants) > 1 and not predict_only
             and measure_with is None):  # probed first: their lowering is kept for the plans
-        prepared = screen_layouts({layout: prepare_layout(variant, config,
-                                                          built=session.built_kernels)
-                                   for layout, variant in variants.items()}, session)
+        prepared, regions_may_pay = screen_layouts(
+            {layout: prepare_layout(variant, config, built=session.built_kernels)
+             for layout, variant in variants.items()}, session)
         variants = {layout: variants[layout] for layout in prepared}
 
     # Untuned, a layout whose optimistic plan models above a layout planned before it cannot
@@ -88,7 +89,8 @@ def plan_korch(mod: tvm.IRModule, config: KorchConfig, *, predict_only: bool = F
     planned = {layout: pending for layout, pending in
                plan_layouts(variants, plan_in, session.seconds_left()).items() if pending}
     regions = None
-    if config.layout == "auto" and len(planned) + len(cannot_win) == len(LAYOUTS):
+    if (config.layout == "auto" and regions_may_pay
+            and len(planned) + len(cannot_win) == len(LAYOUTS)):
         mixed = _try_region_layouts(mod, config, session, predict_only=predict_only,
                                     measure_with=measure_with)
         if mixed is not None:

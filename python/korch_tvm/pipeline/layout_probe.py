@@ -13,6 +13,10 @@ not planned. By kind, because a kind with few FLOPs can hold
 much of the time: SSDlite's depthwise convolutions are 8 % of its convolution FLOPs and ran
 18.9 ms in NCHW against 4.6 ms in NHWC, while its heaviest 1x1 convolutions, all that a probe
 by FLOPs alone measured, ran within 10 % (bench/results/layout-probe-kinds/).
+The same clear wins decide whether a layout per region is costed after the plans: where no
+layout but the fastest clearly wins a probed convolution, no region is likely to prefer it
+(DenseNet-121: NCHW within `SCREEN_RATIO` and planned, its regions costed in both layouts for
+a plan all in NHWC).
 Where the kernels that differ between the layouts are a small share of the model's FLOPs (a
 ViT's patch embedding, under `MINOR_SHARE`), the layout choice can change little, and only the
 layout that is faster on them is planned.
@@ -146,25 +150,53 @@ def probe_result(kernels: Mapping[str, StockKernel], seconds: Mapping[str, float
     return Probe(flops / time if time > 0 else 0.0, by_flops, flops)
 
 
+def clear_wins(probe: Probe, best: Probe) -> float | None:
+    """The seconds `probe`'s layout saves over `best`'s on the convolutions both measured that
+    it runs `SCREEN_RATIO` times faster (within that ratio it is a tie, as two measurements of
+    one kernel can differ by a few percent): what a region in that layout could win
+    (layout/regions.py). None when the probes share no convolution."""
+    mine, theirs = probe.seconds_by_flops, best.seconds_by_flops
+    shared = theirs.keys() & mine.keys()
+    if not shared:
+        return None
+    return sum(theirs[f] - mine[f] for f in shared if mine[f] * SCREEN_RATIO < theirs[f])
+
+
+def _fastest(probes: Mapping[str, Probe | None]) -> Probe | None:
+    """The probe of the highest FLOP rate; None when a probe is missing (a kernel could not be
+    measured) or measured nothing."""
+    if any(probe is None or probe.rate <= 0 for probe in probes.values()):
+        return None
+    return max(probes.values(), key=lambda probe: probe.rate)
+
+
+def _wins_little(probe: Probe, best: Probe) -> bool:
+    """Whether `probe`'s clear wins over `best` would save under `REGION_GAIN` of `best`'s
+    estimated time (False when the probes share no convolution: nothing to tell)."""
+    wins = clear_wins(probe, best)
+    return wins is not None and wins < REGION_GAIN * best.flops / best.rate
+
+
 def layouts_worth_planning(probes: Mapping[str, Probe | None]) -> list[str]:
     """Every layout but those beaten by the fastest: `SCREEN_RATIO` times below its FLOP rate,
-    and its clear wins, the convolutions both probes measured that it runs `SCREEN_RATIO` times
-    faster (it may win their regions: layout/regions.py; within that ratio it is a tie, as two
-    measurements of one kernel can differ by a few percent), would save less than
-    `REGION_GAIN` of the fastest layout's estimated time. All of them when a probe is missing
-    (None: a kernel could not be measured) or the probes share no kernel."""
-    if any(probe is None or probe.rate <= 0 for probe in probes.values()):
+    with `clear_wins` under `REGION_GAIN` of the fastest layout's estimated time. All of them
+    when a probe is missing or the probes share no kernel."""
+    best = _fastest(probes)
+    if best is None:
         return list(probes)
-    best = max(probes.values(), key=lambda probe: probe.rate)
+    return [layout for layout, probe in probes.items()
+            if not (probe.rate * SCREEN_RATIO < best.rate and _wins_little(probe, best))]
 
-    def beaten(probe: Probe) -> bool:
-        mine, theirs = probe.seconds_by_flops, best.seconds_by_flops
-        shared = theirs.keys() & mine.keys()
-        wins = sum(theirs[f] - mine[f] for f in shared if mine[f] * SCREEN_RATIO < theirs[f])
-        return (probe.rate * SCREEN_RATIO < best.rate and bool(shared)
-                and wins < REGION_GAIN * best.flops / best.rate)
 
-    return [layout for layout, probe in probes.items() if not beaten(probe)]
+def regions_may_pay(probes: Mapping[str, Probe | None]) -> bool:
+    """Whether a layout per region may model faster than the fastest layout alone: unless
+    every other layout's `clear_wins` over the fastest is under `REGION_GAIN` of its time
+    (DenseNet-121: NCHW within `SCREEN_RATIO` of NHWC's rate, and so planned, but faster on
+    no convolution; its regions, costed in both layouts, all chose NHWC). True when a probe
+    is missing or shares no convolution with the fastest."""
+    best = _fastest(probes)
+    return best is None or any(not _wins_little(probe, best)
+                               for probe in probes.values() if probe is not best)
 
 
 def layouts_to_plan(probes: Mapping[str, Probe | None], share: float) -> list[str]:
@@ -176,13 +208,20 @@ def layouts_to_plan(probes: Mapping[str, Probe | None], share: float) -> list[st
     return kept
 
 
-def screen_layouts(prepared: Mapping[str, Prepared],
-                   session: CostingSession) -> dict[str, Prepared]:
+class Screened(NamedTuple):
+    """`screen_layouts`' answer: the layouts to plan, and whether a layout per region is worth
+    costing after them (`regions_may_pay`; True where no probe ran)."""
+
+    prepared: dict[str, Prepared]
+    regions_may_pay: bool = True
+
+
+def screen_layouts(prepared: Mapping[str, Prepared], session: CostingSession) -> Screened:
     """`prepared` (each layout's `prepare_layout`) without the layouts the probe finds beaten
     or not worth planning (`layouts_to_plan`), the fastest on the probe first."""
     kernels = {layout: stock_kernels(each) for layout, each in prepared.items()}
     if len(prepared) < 2 or any(len(each) < PROBE_MIN_KERNELS for each in kernels.values()):
-        return dict(prepared)
+        return Screened(dict(prepared))
     probes = {}
     specific = layout_specific(kernels)
     for layout, stock in specific.items():
@@ -193,13 +232,16 @@ def screen_layouts(prepared: Mapping[str, Prepared],
         probes[layout] = probe_result(stock, measured) if len(measured) == len(probe) else None
     share = max(differing_share(kernels[layout], specific[layout]) for layout in prepared)
     kept = layouts_to_plan(probes, share)
+    regions = len(kept) < 2 or regions_may_pay(probes)
     # said either way: whether a compile plans one layout or two is most of a CNN's time
     dropped = [layout for layout in prepared if layout not in kept]
-    logger.info("layout probe: %s (GFLOP/s, from each kind's heaviest kernels: %s; the layouts "
-                "differ in %.1f %% of the FLOPs)",
+    logger.info("layout probe: %s%s (GFLOP/s, from each kind's heaviest kernels: %s; the "
+                "layouts differ in %.1f %% of the FLOPs)",
                 f"{', '.join(dropped)} not planned" if dropped else "every layout planned",
+                "" if regions else ", no layout per region (no layout clearly faster on a "
+                "convolution the fastest runs)",
                 ", ".join(f"{layout} {probe.rate / 1e9:.1f}" if probe else f"{layout} unmeasured"
                           for layout, probe in probes.items()), share * 100)
     if None not in probes.values():  # the fastest first: a later layout must beat its plan
         kept.sort(key=lambda layout: -probes[layout].rate)
-    return {layout: prepared[layout] for layout in kept}
+    return Screened({layout: prepared[layout] for layout in kept}, regions)
