@@ -53,6 +53,23 @@ def test_a_kernel_every_layout_shares_is_not_probed():
     assert layout_specific({}) == {}
 
 
+def test_memory_bound_kernels_count_in_the_rate_but_win_no_region():
+    """DenseNet-121: NCHW's pooling and norm kernels ran 0.1-0.8 ms each faster than NHWC's,
+    which kept NCHW planned at 1.7x below NHWC's rate and its regions costed, for a plan all
+    in NHWC; a region starts at a convolution, and its convolutions decide it."""
+    conv, pool = kernel(100, kind="conv3x3"), kernel(2, kind="memory")
+    stock = {"conv": conv, "pool": pool}
+    nchw = probe_result(stock, {"conv": 2.0, "pool": 0.5})   # 2.5 s, the pool 3x faster
+    nhwc = probe_result(stock, {"conv": 1.0, "pool": 1.2})   # 2.2 s
+    assert nchw.rate == pytest.approx(102 / 2.5) and nhwc.rate == pytest.approx(102 / 2.2)
+    assert nchw.seconds_by_flops == {100.0: 2.0} and nhwc.seconds_by_flops == {100.0: 1.0}
+    # within the screening ratio: both planned, but no region is costed
+    assert layouts_worth_planning({"NCHW": nchw, "NHWC": nhwc}) == ["NCHW", "NHWC"]
+    assert not regions_may_pay({"NCHW": nchw, "NHWC": nhwc})
+    slow = probe_result(stock, {"conv": 3.5, "pool": 0.5})   # 1.8x below: not planned
+    assert layouts_worth_planning({"NCHW": slow, "NHWC": nhwc}) == ["NHWC"]
+
+
 def test_probe_counts_each_use_and_keys_kernels_by_flops():
     kernels = {"a": kernel(1e9, uses=3), "b": kernel(2e9), "c": kernel(2.0004e9)}
     probe = probe_result(kernels, {"a": 0.01, "b": 0.02, "c": 0.03})

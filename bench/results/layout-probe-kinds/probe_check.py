@@ -7,8 +7,9 @@ real = K.screen_layouts
 
 def screened(prepared, session):
     start = time.perf_counter()
-    kept = real(prepared, session)
-    print("KEPT", list(kept), "probe seconds", round(time.perf_counter() - start, 1), flush=True)
+    kept, regions = real(prepared, session)
+    print("KEPT", list(kept), "regions costed", regions, "probe seconds",
+          round(time.perf_counter() - start, 1), flush=True)
     raise SystemExit(0)
 
 K.screen_layouts = screened

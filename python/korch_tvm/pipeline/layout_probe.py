@@ -123,8 +123,12 @@ def _by_kind(kernels: Mapping[str, StockKernel]) -> dict[str, list[str]]:
 
 class Probe(NamedTuple):
     """One layout's probe: its FLOP rate, estimated over the `flops` of the kinds it measured,
-    and the seconds of each kernel measured (all its uses) by its FLOPs (the same convolution
-    has the same FLOPs in either layout)."""
+    and the seconds of each convolution or matmul measured (all its uses) by its FLOPs (the
+    same convolution has the same FLOPs in either layout). Memory-bound kernels count in the
+    rate but are not compared one by one: a region starts at a convolution and its
+    convolutions hold most of its time, and DenseNet-121's pooling and norm kernels, 0.1-0.8 ms
+    each and faster in NCHW, had kept NCHW planned (1.7x below NHWC's rate) and its regions
+    costed, for a plan all in NHWC."""
 
     rate: float
     seconds_by_flops: dict[float, float]
@@ -145,6 +149,8 @@ def probe_result(kernels: Mapping[str, StockKernel], seconds: Mapping[str, float
                 kind_work / probed_work)
     by_flops: dict[float, float] = {}
     for key, taken in seconds.items():
+        if kernels[key].kind == "memory":  # see `Probe`
+            continue
         rounded, taken = float(f"{kernels[key].flops:.3g}"), taken * kernels[key].uses
         by_flops[rounded] = min(taken, by_flops.get(rounded, taken))
     return Probe(flops / time if time > 0 else 0.0, by_flops, flops)
