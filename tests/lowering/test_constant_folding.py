@@ -114,3 +114,17 @@ def test_what_numpy_does_not_fold_is_left_to_fold_constant(extra):
     assert calls_on_constants(folded) == []
     assert tvm_ffi.structural_equal(folded, fold_constant(mod),
                                     map_free_vars=True)
+
+
+def test_a_prim_value_argument_is_not_taken_for_a_tensor():
+    """TVM 0.27 makes prim values `Constant`s too: `arange`'s bounds are left to FoldConstant."""
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((4,), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            steps = bb.emit(relax.op.arange(0, 4, 1, "float32"))
+            out = bb.emit_output(relax.op.add(x, steps))
+        bb.emit_func_output(out)
+    mod = bb.get()
+    # read as a tensor, its first bound (an int) would raise here
+    assert tvm_ffi.structural_equal(fold_constants(mod), fold_constant(mod), map_free_vars=True)

@@ -57,6 +57,12 @@ def _has_call_on_constants(mod: tvm.IRModule) -> bool:
     return bool(found)
 
 
+def _is_tensor(expr) -> bool:
+    """Whether `expr` is a tensor constant (TVM 0.27 makes prim values `Constant`s too)."""
+    return isinstance(expr, tvm.ir.expr.Constant) and hasattr(getattr(expr, "value", None),
+                                                               "numpy")
+
+
 def _is_constant(arg) -> bool:
     if isinstance(arg, relax.Tuple):
         return all(map(_is_constant, arg.fields))
@@ -73,16 +79,15 @@ class _ConstantsInNumpy(relax.PyExprMutator):
 
     def visit_var_(self, var: relax.Var) -> relax.Expr:
         bound = self.lookup_binding(var)
-        return bound if isinstance(bound, tvm.ir.expr.Constant) else super().visit_var_(var)
+        return bound if _is_tensor(bound) else super().visit_var_(var)
 
     def visit_dataflow_var_(self, var: relax.DataflowVar) -> relax.Expr:
         bound = self.lookup_binding(var)
-        return (bound if isinstance(bound, tvm.ir.expr.Constant)
-                else super().visit_dataflow_var_(var))
+        return bound if _is_tensor(bound) else super().visit_dataflow_var_(var)
 
     def visit_call_(self, call: relax.Call) -> relax.Expr:
         call = self.visit_expr_post_order(call)
-        if not call.args or not isinstance(call.args[0], tvm.ir.expr.Constant):
+        if not call.args or not _is_tensor(call.args[0]):
             return call
         name = getattr(call.op, "name", None)
         data = call.args[0].value.numpy()
@@ -92,7 +97,7 @@ class _ConstantsInNumpy(relax.PyExprMutator):
         elif name == "relax.reshape" and isinstance(call.args[1], relax.ShapeExpr) and all(
                 isinstance(v, tvm.tirx.IntImm) for v in call.args[1].values):
             data = np.reshape(data, [int(v) for v in call.args[1].values])
-        elif name in _EXACT and all(isinstance(arg, tvm.ir.expr.Constant) for arg in call.args):
+        elif name in _EXACT and all(map(_is_tensor, call.args)):
             operands = [arg.value.numpy() for arg in call.args]
             if str(data.dtype) not in _FLOATS or any(x.dtype != data.dtype for x in operands):
                 return call
