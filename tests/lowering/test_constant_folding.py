@@ -68,7 +68,7 @@ def test_a_transpose_and_a_reshape_of_one_constant():
 
 def _batch_norm_factor_module(variance, gamma, extra=None):
     """x * (gamma * rsqrt(variance + eps)) reshaped per channel, as a lowered batch norm has
-    it, through bindings; `extra(bb, factor)` adds a call on the folded factor."""
+    it, through bindings; `extra(factor)` adds a call on the folded factor."""
     bb = relax.BlockBuilder()
     x = relax.Var("x", relax.TensorType((1, len(gamma), 2, 2), str(gamma.dtype)))
     with bb.function("main", [x]):
