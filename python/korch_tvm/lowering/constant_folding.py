@@ -90,6 +90,8 @@ class _ConstantsInNumpy(relax.PyExprMutator):
         if not call.args or not _is_tensor(call.args[0]):
             return call
         name = getattr(call.op, "name", None)
+        if name not in ("relax.permute_dims", "relax.reshape", *_EXACT):
+            return call
         data = call.args[0].value.numpy()
         if name == "relax.permute_dims":
             axes = call.attrs.axes
@@ -98,7 +100,7 @@ class _ConstantsInNumpy(relax.PyExprMutator):
                 isinstance(v, tvm.tirx.IntImm) for v in call.args[1].values):
             data = np.reshape(data, [int(v) for v in call.args[1].values])
         elif name in _EXACT and all(map(_is_tensor, call.args)):
-            operands = [arg.value.numpy() for arg in call.args]
+            operands = [data] + [arg.value.numpy() for arg in call.args[1:]]
             if str(data.dtype) not in _FLOATS or any(x.dtype != data.dtype for x in operands):
                 return call
             with np.errstate(all="ignore"):  # 1 / 0 is inf here as in LLVM's code
