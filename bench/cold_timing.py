@@ -5,7 +5,7 @@
 
 The profiler's runner flushes the CPU caches (all arguments but the first) and TVM's time
 evaluator does so once per *sample*, then times `number` calls back to back. Each kernel of
-bench/default_schedule.py, in each form of `cpu_schedule.default_schedules` (the rule, up to
+bench/default_schedule.py, in each form of `schedule_variants.default_schedules` (the rule, up to
 16 tile rows, the vector's outer loop outermost), is timed four ways, median of 5 timings each:
 
   warm          10 calls per sample, no flush

@@ -86,7 +86,7 @@ def fastest(mod, target, reference) -> float:
     """Best seconds over every form `default_schedules` gives `mod`, each checked."""
     import numpy as np
 
-    from korch_tvm.backend.cpu_schedule import default_schedules
+    from korch_tvm.backend.schedule_variants import default_schedules
 
     best = float("inf")
     for schedule in default_schedules(mod, target):

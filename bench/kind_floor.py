@@ -10,7 +10,7 @@ kind the `--per-kind` kernels of most work (FLOPs for contractions, bytes otherw
 per model, are kept (the extracted kernels are cached under `--cache`, keyed by model).
 
 Each kernel is timed under the schedules a 0-trial compile would measure and keep the fastest of
-(`cpu_schedule.default_schedules`): once with the per-kind rules (`backend/cpu_rules.py`, "after")
+(`schedule_variants.default_schedules`): once with the per-kind rules (`backend/cpu_rules.py`, "after")
 and once with the generic rule alone ("before", `kind_rules=False`), interleaved, so both columns
 come from one run. A time is the median of `--repeat` samples of `time_evaluator` (each sample at
 least 20 ms of calls), with p10-p90 of the samples; the machine is shared, so the spread is real.
@@ -233,7 +233,7 @@ def schedules_of(kernel_mod, target, kind_rules: bool) -> list:
     applies (the profiler then measures that)."""
     import tvm
 
-    from korch_tvm.backend.cpu_schedule import default_schedules
+    from korch_tvm.backend.schedule_variants import default_schedules
 
     return (default_schedules(kernel_mod, target, kind_rules=kind_rules)
             or [tvm.s_tir.Schedule(kernel_mod)])

@@ -23,7 +23,7 @@ def _timed(tensors, inputs, target):
     import tvm
     from tvm import te
 
-    from korch_tvm.backend.cpu_schedule import default_schedules
+    from korch_tvm.backend.schedule_variants import default_schedules
 
     mod = tvm.IRModule({"main": te.create_prim_func(list(tensors))})
     device = tvm.cpu()

@@ -262,7 +262,7 @@ def test_runner_time_out_costs_its_time_out_not_a_crash(tmp_path, caplog):
     a plan that has nothing else covering its primitives stays feasible."""
     from tvm.s_tir import meta_schedule as ms
 
-    from korch_tvm.backend.cpu_schedule import default_schedules
+    from korch_tvm.backend.schedule_variants import default_schedules
     from korch_tvm.backend.target import parse_target
     from korch_tvm.costing.measure import measure_kernels
     from korch_tvm.costing.metaschedule_setup import evaluator_config

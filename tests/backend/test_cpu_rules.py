@@ -9,7 +9,8 @@ import pytest
 import tvm
 from tvm import te, topi
 
-from korch_tvm.backend.cpu_schedule import default_schedule, default_schedules
+from korch_tvm.backend.cpu_schedule import default_schedule
+from korch_tvm.backend.schedule_variants import default_schedules
 from korch_tvm.kernels.kinds import compute_kind
 
 TARGET = tvm.target.Target({"kind": "llvm", "num-cores": 2})

@@ -12,8 +12,8 @@ from tvm.script import tirx as T
 from conftest import make_tiny_onnx
 from test_weight_packing import conv_block_onnx
 from korch_tvm.backend.cpu_schedule import (DEFAULT_SCHEDULE_ATTR, PAIR_COLUMNS, WIDE_TILE_ROWS,
-                                            _row_loop, _tile_rows, default_schedule,
-                                            default_schedules)
+                                            _row_loop, _tile_rows, default_schedule)
+from korch_tvm.backend.schedule_variants import default_schedules
 from korch_tvm.backend.rewrite import apply_tuning_log, scheduled_kernel_count
 from korch_tvm.costing.measure import measure_kernels
 from korch_tvm.costing.tuning_log import TuningLog
@@ -113,7 +113,7 @@ def test_weights_are_packed_in_the_order_the_tile_reads_them(kernels):
 def test_a_large_kernel_is_measured_with_its_weights_packed_and_as_the_model_has_them():
     """Packing slows a few large kernels down, so the profiler measures both and keeps the
     faster; under VARIANT_MIN_FLOPS the two differ by noise and only the packed one is run."""
-    from korch_tvm.backend.cpu_schedule import VARIANT_MIN_FLOPS
+    from korch_tvm.backend.schedule_variants import VARIANT_MIN_FLOPS
     from korch_tvm.kernels.fused import kernel_flops
     from korch_tvm.kernels.weight_packing import with_layout_free
 

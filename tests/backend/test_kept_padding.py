@@ -7,7 +7,8 @@ import tvm
 from tvm import te, topi
 
 from test_cpu_schedule import _te_kernel as module, run_kernel
-from korch_tvm.backend.cpu_schedule import default_schedule, default_schedules
+from korch_tvm.backend.cpu_schedule import default_schedule
+from korch_tvm.backend.schedule_variants import default_schedules
 from korch_tvm.backend.kept_padding import padding_read_by_reductions
 from korch_tvm.orchestration.memory_plan import kernel_workspace_bytes
 

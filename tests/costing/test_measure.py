@@ -14,7 +14,7 @@ from tvm.s_tir import meta_schedule as ms
 from tvm.script import tirx as T
 from tvm.support.popen_pool import PopenWorker
 
-from korch_tvm.backend.cpu_schedule import default_schedules
+from korch_tvm.backend.schedule_variants import default_schedules
 from korch_tvm.backend.target import parse_target
 from korch_tvm.costing.measure import (FAILED_ATTEMPTS_KEPT, KernelCost, profile_kernels,
                                        rpc_runner, tune_kernels, tuned_trials)
@@ -83,14 +83,14 @@ def test_a_kernel_its_schedules_fail_on_fails_alone(tmp_path, monkeypatch):
     from korch_tvm.costing import default_measurement
 
     kernels = legalized_kernels(16)
-    real = default_measurement.cpu_default_schedules
+    real = default_measurement.named_default_schedules
 
-    def failing_on_matmul(kernel_mod, target):
+    def failing_on_matmul(kernel_mod, target, forms=None):
         if kernel_mod is kernels["matmul"]:
             raise tvm.error.InternalError("TIR is ill-formed: buffer x is used")
-        return real(kernel_mod, target)
+        return real(kernel_mod, target, forms=forms)
 
-    monkeypatch.setattr(default_measurement, "cpu_default_schedules", failing_on_matmul)
+    monkeypatch.setattr(default_measurement, "named_default_schedules", failing_on_matmul)
     costs = profile_kernels(kernels, TARGET, TuningLog(tmp_path, TARGET), trials=0,
                             progress=False)
     assert costs["matmul"].source == "failed"
@@ -498,3 +498,27 @@ def test_a_search_that_leaves_a_never_measured_kernel_without_records_costs_it_f
                                                        "tuning left no record")
     library = LibraryTime("openblas.sgemm", 2e-5)
     assert cheaper_of(cost, library).seconds == 2e-5
+
+
+def test_kernels_of_one_contraction_measure_only_the_form_that_won_on_the_first(tmp_path):
+    """Every form is measured on the first kernel of a contraction; a kernel fusing the same
+    contraction (here with a ReLU) has only the rule's form and that winner measured, in the
+    same call or, through the caller's `form_choices`, a later one."""
+    from test_schedule_variants import matmul_kernel
+
+    from korch_tvm.backend.schedule_variants import RULE_FORM, variant_anchor
+    from korch_tvm.costing.measure import measure_kernels
+
+    kernels = {"matmul": matmul_kernel(256, 256, 256),
+               "matmul_relu": matmul_kernel(256, 256, 256, relu=True)}
+    anchor = variant_anchor(kernels["matmul"])
+    log, choices = TuningLog(tmp_path / "one", TARGET), {}
+    costs = measure_kernels(kernels, TARGET, log, progress=False, form_choices=choices)
+    assert all(cost.source == "measured" for cost in costs.values())
+    assert list(choices) == [anchor] and choices[anchor] in ("packed", "wide", "outer", "pair")
+    assert log.record_count(kernels["matmul"]) == 4
+    assert log.record_count(kernels["matmul_relu"]) == (1 if choices[anchor] == RULE_FORM else 2)
+
+    later = TuningLog(tmp_path / "two", TARGET)  # a later call, the choice made: "outer"
+    measure_kernels(kernels, TARGET, later, progress=False, form_choices={anchor: "outer"})
+    assert [later.record_count(kernel) for kernel in kernels.values()] == [2, 2]

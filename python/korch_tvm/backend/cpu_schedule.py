@@ -24,15 +24,15 @@ the padding of a compute-bound convolution (`kept_padding.py`), and gives every 
 * for vectorized reductions, the initialisation split off into its own loop nest, so the
   reduction loop carries no "first iteration" test;
 * every weight the model passes as a constant (`layout_free_buffers`) packed in the order the
-  loops read it (`_with_packed_weights`), once at compile time.
+  loops read it (`with_packed_weights`), once at compile time.
 
 Before the rule, the per-kind rules of `cpu_rules.py` reshape the blocks the rule would leave
 without a vector or a tile (a contraction over 197 tokens is padded to whole tiles);
 `kind_rules=False` gives the rule alone (bench/kind_floor.py compares the two).
 
-The rule has three variants for large tiled kernels, a taller register tile, a loop order
-that keeps the weights in cache and a tile two vectors wide (`default_schedules`); the profiler
-measures them all and the log keeps the fastest. A kernel the rule cannot handle (dynamic
+The rule has variants for large tiled kernels, a taller register tile, a loop order that keeps
+the weights in cache and a tile two vectors wide (`schedule_variants.py` says which the profiler
+measures); the log keeps the fastest. A kernel the rule cannot handle (dynamic
 extents, opaque blocks) keeps the form it was written in. The returned schedule's trace
 replays on the kernel, so the profiler records the default measurement under it and applying
 the log rebuilds exactly the kernel that was measured.
@@ -43,7 +43,6 @@ from __future__ import annotations
 import logging
 
 import tvm
-import tvm_ffi
 
 from ..errors import error_summary
 from ..kernels.weight_packing import LAYOUT_FREE_ATTR, read_by_one_block
@@ -63,32 +62,32 @@ TILE_ROWS = 8
 # When the rows' extent has no divisor from 4 to TILE_ROWS (e.g. 13 or 26), up to this many: a
 # tall tile beats a tiny one there, though not where 4 or 8 divide (windowed loads need registers).
 MAX_TILE_ROWS = 14
-# The variants the profiler also measures (`default_schedules`): a register tile of up to 16
+# The variants the profiler also measures (`schedule_variants.py`): a register tile of up to 16
 # rows (16 of AVX-512's 32 registers as accumulators), and the rule's tile with the vector's
-# outer loop outermost, and the rule's form with unpacked weights; only for kernels of at least
-# VARIANT_MIN_FLOPS (0.1 ms at this CPU's 2-core peak).
+# outer loop outermost, and the rule's form with unpacked weights.
 WIDE_TILE_ROWS = 16
 # And a tile two vectors wide: each reduction step loads two vectors of the streamed operand and
 # broadcasts one value per row, so TILE_ROWS rows make 2 x TILE_ROWS multiply-adds from
 # TILE_ROWS + 2 loads instead of TILE_ROWS from TILE_ROWS + 1.
 PAIR_COLUMNS = 2
-VARIANT_MIN_FLOPS = 2e7
 DEFAULT_SCHEDULE_ATTR = "korch.default_schedule"  # marks a PrimFunc scheduled by this rule
 
 
 def default_schedule(kernel_mod: tvm.IRModule, target, *, register_tiles: bool = True,
                      tile_rows: int = TILE_ROWS, vector_outer: bool = False,
-                     pack_weights: bool = True, kind_rules: bool = True, columns: int = 1):
+                     pack_weights: bool = True, kind_rules: bool = True, columns: int = 1,
+                     untiled_fallback: bool = True):
     """The schedule of a standalone kernel (`{"main": PrimFunc}`), or None where the rule
     does not apply (the kernel then runs as written). A kernel whose register tile the
     schedule primitives refuse gets the rule without it; `register_tiles=False` asks for that
     form directly (bench/default_schedule.py compares the forms). `tile_rows` and
     `vector_outer` and `columns` (vectors per tile row) give the variants of
-    `default_schedules`; `pack_weights=False` leaves the weights in the model's layout;
+    `schedule_variants.py`; `pack_weights=False` leaves the weights in the model's layout;
     `kind_rules=False` leaves out the per-kind rules (`cpu_rules.py`: the generic rule alone,
-    as bench/kind_floor.py compares)."""
+    as bench/kind_floor.py compares); `untiled_fallback=False`: None rather than the form
+    without tiles (a variant's untiled form is never the faster one)."""
     cores = _cores(target)
-    for tiles in (True, False) if register_tiles else (False,):
+    for tiles in ((True, False) if untiled_fallback else (True,)) if register_tiles else (False,):
         try:
             schedule = _scheduled(kernel_mod, cores, tile_rows if tiles else 0, vector_outer,
                                   kind_rules, columns if tiles else 1)
@@ -96,54 +95,8 @@ def default_schedule(kernel_mod: tvm.IRModule, target, *, register_tiles: bool =
             logger.debug("no CPU default schedule%s: %s", " with register tiles" if tiles else "",
                          error_summary(str(err)))
             continue
-        return _with_packed_weights(schedule, target) if pack_weights else schedule
+        return with_packed_weights(schedule, target) if pack_weights else schedule
     return None
-
-
-def _distinct_append(schedules: list, schedule) -> None:
-    if not any(tvm_ffi.structural_equal(schedule.mod, s.mod) for s in schedules):
-        schedules.append(schedule)
-
-
-def default_schedules(kernel_mod: tvm.IRModule, target, kind_rules: bool = True) -> list:
-    """The rule's schedule and its distinct variants, to be measured and the fastest kept.
-
-    No one register tile wins on every kernel (bench/results/default_schedule.txt): a taller
-    tile (up to `WIDE_TILE_ROWS` rows) speeds some matmuls up and slows others down, and so does
-    the vector's outer loop outermost (each core keeps a strip of the weights in its cache while
-    it sweeps the rows, instead of streaming all weights once per tile of rows), and so does a
-    tile two vectors wide (fewer loads per multiply-add: it speeds matmuls and 1x1 convolutions
-    up, bench/results/default_schedule-pair.txt, and slows most 3x3 ones down). So the profiler
-    measures each and the log keeps them all. The rule's form is also measured with the weights
-    as the model has them: packing speeds most convolutions up but slows a few down
-    (bench/results/packed-weights/).
-    Kernels under `VARIANT_MIN_FLOPS` get the rule's packed form alone. Their variants differ by
-    microseconds: measured four times over, the plain form was more than 10 % faster in every
-    run on 1 of 80 such kernels, the packed on 9 (bench/results/compile-time/
-    small-kernel-forms/), and keeping the faster of two noisy runs made the rest look cheaper
-    than they run. A variant that schedules the kernel exactly like another is left out.
-    Empty where the rule does not apply.
-    """
-    from ..kernels.fused import kernel_flops
-
-    plain = default_schedule(kernel_mod, target, pack_weights=False, kind_rules=kind_rules)
-    if plain is None:
-        return []
-    schedules = [_with_packed_weights(plain, target)]
-    if kernel_flops(kernel_mod) < VARIANT_MIN_FLOPS:
-        return schedules
-    _distinct_append(schedules, plain)
-    cores = _cores(target)
-    for tile_rows, vector_outer, columns in ((WIDE_TILE_ROWS, False, 1), (TILE_ROWS, True, 1),
-                                             (TILE_ROWS, False, PAIR_COLUMNS)):
-        try:  # no fallback to an untiled form here: that is never the faster one
-            variant = _with_packed_weights(
-                _scheduled(kernel_mod, cores, tile_rows, vector_outer, kind_rules, columns),
-                target)
-        except Exception:  # noqa: BLE001 - a form the variant does not cover
-            continue
-        _distinct_append(schedules, variant)
-    return schedules
 
 
 def _cores(target) -> int:
@@ -180,7 +133,7 @@ def _scheduled(kernel_mod: tvm.IRModule, cores: int, tile_rows: int, vector_oute
     return schedule
 
 
-def _with_packed_weights(schedule, target):
+def with_packed_weights(schedule, target):
     """The schedule with each layout-free weight (`kernels/weight_packing.py`) stored in the order
     the scheduled loops read it, by MetaSchedule's RewriteLayout postprocessor; unchanged where it
     does not apply.

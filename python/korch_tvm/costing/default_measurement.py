@@ -15,7 +15,7 @@ from collections import Counter
 
 import tvm
 
-from ..backend.cpu_schedule import default_schedules as cpu_default_schedules
+from ..backend.schedule_variants import RULE_FORM, named_default_schedules, variant_anchor
 from ..errors import error_summary
 from ..support.interrupts import aborted, raise_if_stopped
 from ..support.pool_spin import wait_for_idle_pool
@@ -46,58 +46,100 @@ def retry_failure(tuning_log: TuningLog, name: str, kernel_mod: tvm.IRModule,
     return False
 
 
-def default_schedules(kernel_mod: tvm.IRModule, target) -> list:
-    """[(module to build, trace to record)] for a kernel's default-schedule measurement.
+def default_schedules(kernel_mod: tvm.IRModule, target, forms=None) -> list:
+    """[(module to build, trace to record, form name)] for a kernel's default-schedule
+    measurement.
 
     The schedules the build gives a kernel no tuning record covers, so that the measurement is
     of the kernel that will run: on the CPU, cpu_schedule's parallel + vectorized form and, for
-    large tiled kernels, its variants (the fastest is kept; `(kernel, None)`: the kernel as
-    written, recorded under the log's default trace); on CUDA, which cannot build unscheduled
-    TIR, the dlight schedule TVM's CUDA pipeline would use. Traces are recorded, so applying
-    the log rebuilds exactly the measured kernel. Empty when no dlight rule applies (the kernel
-    is then reported as failed, cost inf).
+    large tiled kernels, its variants named in `forms` (None: all; backend/schedule_variants.py;
+    the fastest is kept; `(kernel, None, None)`: the kernel as written, recorded under the
+    log's default trace); on CUDA, which cannot build unscheduled TIR, the dlight schedule
+    TVM's CUDA pipeline would use. Traces are recorded, so applying the log rebuilds exactly
+    the measured kernel. Empty when no dlight rule applies (the kernel is then reported as
+    failed, cost inf).
     """
     if target.kind.name != "cuda":
-        schedules = cpu_default_schedules(kernel_mod, target)
-        return [(s.mod, s.trace) for s in schedules] or [(kernel_mod, None)]
+        schedules = named_default_schedules(kernel_mod, target, forms=forms)
+        return [(s.mod, s.trace, name) for name, s in schedules] or [(kernel_mod, None, None)]
     from ..backend.cuda import default_schedule
 
     schedule = default_schedule(kernel_mod, target)
-    return [] if schedule is None else [(schedule.mod, schedule.trace)]
+    return [] if schedule is None else [(schedule.mod, schedule.trace, None)]
 
 
 def measure_and_commit(names, kernels, target, tuning_log, builder, runner, deadline, bar,
-                        rechecks, seed_log):
+                        rechecks, seed_log, form_choices=None):
     """Measure each kernel's schedules (`_schedules_to_measure`) and commit what they show:
     a new kernel's defaults and seed schedule (`_commit_fastest`), a re-checked record's
-    re-measurement (`_commit_recheck`)."""
+    re-measurement (`_commit_recheck`).
+
+    `form_choices` (variant anchor -> the form that won there; kept by the caller across
+    calls, and filled here): the first kernel of an anchor has every form measured, the
+    others after it only the rule's form and that winner (backend/schedule_variants.py)."""
+    choices = {} if form_choices is None else form_choices
+    anchors = {} if target.kind.name != "llvm" else {
+        name: variant_anchor(kernels[name]) for name in names if name not in rechecks}
+    first, later = _anchors_first(names, anchors, choices)
+
     def schedules(name):
         kernel = kernels[name]
         if name in rechecks:
             record = tuning_log.best_record(kernel)
             return [] if record is None else _applied(kernel, record.trace, "recheck")
         trace = seed_log.starting_trace(kernel) if seed_log is not None else None
-        return _schedules_to_measure(kernel, target, trace)
+        chosen = choices.get(anchors.get(name))
+        return _schedules_to_measure(kernel, target, trace,
+                                     None if chosen is None else {RULE_FORM, chosen})
 
     def commit(name, outcomes):
         if name in rechecks:
             return _commit_recheck(tuning_log, kernels[name], name, rechecks[name], outcomes)
+        fastest = _fastest_form(outcomes)
+        if anchors.get(name) is not None and fastest is not None:
+            choices.setdefault(anchors[name], fastest)
         return _commit_fastest(tuning_log, kernels[name], name, outcomes)
 
-    return _measure_schedules(names, schedules, commit, target, builder, runner, deadline, bar)
+    costs = _measure_schedules(first, schedules, commit, target, builder, runner, deadline, bar)
+    costs.update(_measure_schedules(later, schedules, commit, target, builder, runner, deadline,
+                                    bar))
+    return costs
 
 
-def _schedules_to_measure(kernel_mod: tvm.IRModule, target, seed_trace=None) -> list:
-    """[(module, trace, role)]: the default schedules, and a seed log's best schedule."""
-    schedules = [(module, trace, "default")
-                 for module, trace in default_schedules(kernel_mod, target)]
+def _anchors_first(names, anchors, choices) -> tuple[list, list]:
+    """(kernels to measure first: those of no anchor and the first of each anchor not chosen
+    yet; the others, which wait for their anchor's choice)."""
+    first, later, seen = [], [], set(choices)
+    for name in names:
+        anchor = anchors.get(name)
+        if anchor is None or anchor not in seen:
+            first.append(name)
+            seen.add(anchor)
+        else:
+            later.append(name)
+    return first, later
+
+
+def _fastest_form(outcomes) -> str | None:
+    """The form of the fastest default schedule that ran, None when none did."""
+    ran = [(record_seconds(secs), form) for secs, _, _, role, form in outcomes
+           if secs and role == "default" and form is not None]
+    return min(ran, key=lambda entry: entry[0])[1] if ran else None
+
+
+def _schedules_to_measure(kernel_mod: tvm.IRModule, target, seed_trace=None,
+                          forms=None) -> list:
+    """[(module, trace, role, form)]: the default schedules (those of `forms`, None: all),
+    and a seed log's best schedule."""
+    schedules = [(module, trace, "default", form)
+                 for module, trace, form in default_schedules(kernel_mod, target, forms)]
     if seed_trace is not None:
         schedules += _applied(kernel_mod, seed_trace, "seed")
     return schedules
 
 
 def _applied(kernel_mod: tvm.IRModule, trace, role: str) -> list:
-    """[(the kernel with `trace` applied, trace, role)], or [] when it does not apply."""
+    """[(the kernel with `trace` applied, trace, role, None)], or [] when it does not apply."""
     try:
         schedule = tvm.s_tir.Schedule(kernel_mod)
         trace.apply_to_schedule(schedule, remove_postproc=False)
@@ -105,13 +147,13 @@ def _applied(kernel_mod: tvm.IRModule, trace, role: str) -> list:
         logger.debug("a %s schedule does not apply to its kernel: %s", role,
                      error_summary(str(err)))
         return []
-    return [(schedule.mod, trace, role)]
+    return [(schedule.mod, trace, role, None)]
 
 
 def _measure_schedules(names, schedules_of, commit, target, builder, runner, deadline, bar):
     """Build and run each kernel's schedules once; `commit(name, outcomes)` records them.
 
-    Outcomes are [(run seconds or None, error, trace, role)]. Kernels go in groups, between
+    Outcomes are [(run seconds or None, error, trace, role, form)]. Kernels go in groups, between
     which Ctrl-C and the deadline are checked; the progress line moves per kernel measured.
     """
     from tvm.s_tir import meta_schedule as ms
@@ -123,7 +165,7 @@ def _measure_schedules(names, schedules_of, commit, target, builder, runner, dea
         if time.perf_counter() >= deadline:
             break
         chunk = names[start:start + group]
-        outcomes = {name: [] for name in chunk}  # name -> [(secs or None, error, trace, role)]
+        outcomes = {name: [] for name in chunk}  # name -> [(secs, error, trace, role, form)]
         variants = []
         for name in chunk:  # a kernel its schedules fail on fails alone, not its whole chunk
             try:
@@ -131,31 +173,32 @@ def _measure_schedules(names, schedules_of, commit, target, builder, runner, dea
             except Exception as err:  # noqa: BLE001 - TVM raises its own error types
                 raise_if_stopped()
                 outcomes[name].append((None, "not scheduled: " + error_summary(str(err)),
-                                       None, "default"))
+                                       None, "default", None))
         try:
             built = builder.build([ms.builder.BuilderInput(module, target)
-                                   for _, module, _, _ in variants])
+                                   for _, module, *_ in variants])
         except Exception as err:  # noqa: BLE001 - a builder crash fails this chunk only
             raise_if_stopped()
             built = [ms.builder.BuilderResult(None, f"builder crashed: {err}") for _ in variants]
         to_run = []
-        for (name, module, trace, role), result in zip(variants, built):
+        for (name, module, trace, role, form), result in zip(variants, built):
             if result.error_msg is not None:
                 outcomes[name].append((None, "build failed: " + error_summary(result.error_msg),
-                                       trace, role))
+                                       trace, role, form))
             else:
                 # the arguments of the kernel as built: weights in their packed layout, as
                 # MetaSchedule's builder drops the repacking (done once, at compile time)
                 args = ms.arg_info.ArgInfo.from_entry_func(module, remove_preproc=True)
-                to_run.append((name, trace, role, ms.runner.RunnerInput(
+                to_run.append((name, trace, role, form, ms.runner.RunnerInput(
                     result.artifact_path, device_type(target), args)))
         left = Counter(name for name, *_ in to_run)
         bar.tick(sum(1 for name in chunk if not left[name]), "measure")  # nothing to run
         if to_run:
             wait_for_idle_pool()  # this process's TVM threads would share the cores
         futures = runner.run([entry for *_, entry in to_run]) if to_run else []
-        for (name, trace, role, _), future in zip(to_run, futures):
-            outcomes[name].append((*run_outcome(name, future.result(), runner), trace, role))
+        for (name, trace, role, form, _), future in zip(to_run, futures):
+            outcomes[name].append((*run_outcome(name, future.result(), runner), trace, role,
+                                   form))
             left[name] -= 1
             if not left[name]:
                 bar.tick(1, "measure")
@@ -172,7 +215,7 @@ def _commit_fastest(tuning_log: TuningLog, kernel_mod: tvm.IRModule, name: str,
     its default-schedule cost, `TuningLog.default_seconds`), and a seed schedule after them
     when it beat them all; the cost is the fastest's."""
     ran = sorted(((record_seconds(secs), secs, trace, role)
-                  for secs, _, trace, role in outcomes if secs), key=lambda entry: entry[0])
+                  for secs, _, trace, role, _ in outcomes if secs), key=lambda entry: entry[0])
     defaults = [entry for entry in ran if entry[3] == "default"]
     seeded = [entry for entry in ran if entry[3] == "seed"]
     if not ran:
@@ -185,7 +228,7 @@ def _commit_fastest(tuning_log: TuningLog, kernel_mod: tvm.IRModule, name: str,
     kept = bool(seeded) and (not defaults or seeded[0][0] < defaults[0][0])
     if kept:
         tuning_log.commit_run(kernel_mod, seeded[0][1], trace=seeded[0][2])
-    seed_schedule = None if not any(role == "seed" for *_, role in outcomes) else \
+    seed_schedule = None if not any(role == "seed" for *_, role, _ in outcomes) else \
         ("kept" if kept else "slower")
     return KernelCost(ran[0][0], "measured", 1, seed_schedule=seed_schedule)
 
@@ -194,7 +237,7 @@ def _commit_recheck(tuning_log: TuningLog, kernel_mod: tvm.IRModule, name: str, 
                     outcomes: list) -> KernelCost:
     """Record the re-measurement of an implausible best record; set the old record aside when
     the new one is less than half of it (the old was a stalled run). Unmeasurable: as logged."""
-    ran = [(record_seconds(secs), secs, trace) for secs, _, trace, _ in outcomes if secs]
+    ran = [(record_seconds(secs), secs, trace) for secs, _, trace, *_ in outcomes if secs]
     if not ran:
         return KernelCost(logged, "log", 0)
     seconds, secs, trace = ran[0]

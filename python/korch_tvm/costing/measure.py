@@ -248,7 +248,7 @@ def _tune_group(names, kernels, target, tuning_log, builder, runner, per_task, s
 def measure_kernels(kernels: Mapping[str, tvm.IRModule], target, tuning_log: TuningLog, *,
                     time_budget: float | None = None, runner=None, builder=None,
                     predictor: Predictor | None = None, progress: bool | None = None,
-                    seed_log=None) -> dict[str, KernelCost]:
+                    seed_log=None, form_choices: dict | None = None) -> dict[str, KernelCost]:
     """Log lookup, else one default-schedule measurement (recorded), else a prediction.
 
     A logged time implausibly far above the kernel's floor and its prediction is measured
@@ -257,7 +257,9 @@ def measure_kernels(kernels: Mapping[str, tvm.IRModule], target, tuning_log: Tun
     `time_budget`: seconds the measurements may take; `runner`: where kernels run (default:
     this machine); `builder`: builds the schedules (default: a pool for this call);
     `predictor`: costs what is not measured (default: the log's cost model); `progress`: the
-    progress line (None: when stderr is a terminal).
+    progress line (None: when stderr is a terminal); `form_choices`: the default schedule's
+    form chosen per variant anchor so far, filled by the measurements (a session keeps one
+    across calls; default_measurement.measure_and_commit).
     """
     target, deadline = _prepared(target, time_budget)
     distinct = structurally_equal_groups(kernels)  # first name -> names of equal modules
@@ -275,13 +277,13 @@ def measure_kernels(kernels: Mapping[str, tvm.IRModule], target, tuning_log: Tun
                 stopping_after_batch():
             costs.update(measure_and_commit(list(rechecks) + pending, kernels, target,
                                             tuning_log, measuring, runner, deadline, bar,
-                                            rechecks, seed_log))
+                                            rechecks, seed_log, form_choices))
             stalled = _implausible_now(pending, costs, kernels, tuning_log, target, predict)
             if stalled:  # measured again at once, so no stalled first run enters the log alone
                 bar.total += len(stalled)
                 costs.update(measure_and_commit(list(stalled), kernels, target, tuning_log,
                                                 measuring, runner, deadline, bar, stalled,
-                                                seed_log))
+                                                seed_log, form_choices))
     for name, best in rechecks.items():  # not measured again (no device, no time): as logged
         costs.setdefault(name, KernelCost(best, "log", 0))
     leftovers = [name for name in pending if name not in costs]

@@ -75,9 +75,11 @@ class CostingSession:
     runner, builder pool and cost model are made on first use and serve every later call;
     `estimates` keeps the analytic estimates (by kernel key and target) its planning asks for
     (`cost_model.predict_kernels`), and `built_kernels` the candidate kernels built (by
-    wiring signature: kernels/fused.py), for this compile only. `threads`: the CPU threads its
-    runner's worker runs kernels on (`config.num_threads`, passed to the worker, as
-    `configure_threads` sizes this process's pool).
+    wiring signature: kernels/fused.py), for this compile only; `form_choices` the default
+    schedule's form that won per variant anchor (backend/schedule_variants.py), so that a
+    kernel measured in a later call has only that form measured beside the rule's.
+    `threads`: the CPU threads its runner's worker runs kernels on (`config.num_threads`,
+    passed to the worker, as `configure_threads` sizes this process's pool).
     """
 
     def __init__(self, config: KorchConfig, tuning_log: TuningLog, seed: Seed | None,
@@ -92,6 +94,7 @@ class CostingSession:
         self._predictor: Predictor | None = None
         self.estimates: KeyedMemo[float] = KeyedMemo()
         self.built_kernels: KeyedMemo[tuple] = KeyedMemo(kept=BUILT_KERNELS_KEPT)
+        self.form_choices: dict = {}
         self._library, self._library_made = None, False
 
     @classmethod
@@ -203,7 +206,8 @@ class CostingSession:
                                 time_budget=left, runner=runner,
                                 builder=None if runner is None else self.builder(),
                                 predictor=predictor or self.predict,
-                                progress=self.config.progress, seed_log=self.seed)
+                                progress=self.config.progress, seed_log=self.seed,
+                                form_choices=self.form_choices)
         return self.with_library(kernels, costs, measure=left is None or left > 0)
 
     def tune(self, kernels: Mapping[str, tvm.IRModule], shares: Mapping[str, float],
