@@ -7,6 +7,7 @@ import tvm
 from tvm.s_tir import meta_schedule as ms
 
 from korch_tvm.config import KorchConfig
+from korch_tvm.costing.kernel_libraries import split_entry
 from korch_tvm.costing.pooled_builder import PooledBuilder
 from korch_tvm.costing.runners import links_here, local_runner, rpc_runner
 from korch_tvm.costing.session import CostingSession
@@ -36,8 +37,9 @@ def test_a_throw_away_log_and_the_builders_artifacts_go_with_the_session(tmp_pat
         built = session.builder().build([ms.builder.BuilderInput(kernel, TARGET)])
         assert built[0].error_msg is None, built[0].error_msg
         assert built[0].artifact_path.startswith(scratch + os.sep)
-        # linked by the builder for this machine's runner (metaschedule_setup.export_into)
-        assert os.path.basename(built[0].artifact_path) == "kernel.so"
+        # linked by the builder for this machine's runner, in a library (kernel_libraries.py)
+        library, symbol = split_entry(built[0].artifact_path)
+        assert os.path.basename(library) == "kernels.so" and symbol == "kernel_0"
         assert session.builder() is session.builder()  # one pool for the session
         assert dict(os.environ) == environment
     assert not os.path.exists(scratch) and session._builder is None
@@ -74,21 +76,26 @@ def test_the_cost_model_is_loaded_once_per_session_and_only_when_asked(tmp_path,
 
 
 def test_a_kernel_linked_by_the_builder_loads_and_computes_without_the_runner_linking_it(tmp_path):
-    """The runner on this machine loads the builder's shared library as it is; a remote runner
-    is sent the archive (linked there by its own toolchain)."""
+    """The runner on this machine loads the builder's shared library as it is, one library for
+    several kernels (kernel_libraries.py); a remote runner is sent the archive (linked there
+    by its own toolchain)."""
     import numpy as np
 
-    kernel = legalized_kernels(8)["add"]
+    kernels = legalized_kernels(8)
     with PooledBuilder(TARGET, max_workers=1, scratch=str(tmp_path), linked=True) as builder:
-        (linked,) = builder.build([ms.builder.BuilderInput(kernel, TARGET)])
+        linked = builder.build([ms.builder.BuilderInput(kernels[name], TARGET)
+                                for name in ("add", "matmul")])
     with PooledBuilder(TARGET, max_workers=1, scratch=str(tmp_path)) as builder:
-        (archived,) = builder.build([ms.builder.BuilderInput(kernel, TARGET)])
-    assert linked.artifact_path.endswith(".so") and archived.artifact_path.endswith(".tar")
-    library = tvm.runtime.load_module(linked.artifact_path)
+        (archived,) = builder.build([ms.builder.BuilderInput(kernels["add"], TARGET)])
+    assert archived.artifact_path.endswith(".tar")
+    (path, add), (same_path, matmul) = (split_entry(r.artifact_path) for r in linked)
+    assert path == same_path and path.endswith(".so") and add != matmul
+    library = tvm.runtime.load_module(path)
     a, b = (np.random.default_rng(seed).random((8, 8), dtype="float32") for seed in (0, 1))
-    out = tvm.runtime.tensor(np.zeros((8, 8), "float32"))
-    library["main"](tvm.runtime.tensor(a), tvm.runtime.tensor(b), out)
-    np.testing.assert_allclose(out.numpy(), a + b, rtol=1e-6)
+    for symbol, expected in ((add, a + b), (matmul, a @ b)):
+        out = tvm.runtime.tensor(np.zeros((8, 8), "float32"))
+        library[symbol](tvm.runtime.tensor(a), tvm.runtime.tensor(b), out)
+        np.testing.assert_allclose(out.numpy(), expected, rtol=1e-5)
     assert links_here(None, TARGET) and links_here(local_runner(TARGET), TARGET)
     assert not links_here(rpc_runner("127.0.0.1", 9190, "remote"), TARGET)
     assert not links_here(None, tvm.target.Target("cuda"))

@@ -20,6 +20,7 @@ from ..errors import error_summary
 from ..support.interrupts import aborted, raise_if_stopped
 from ..support.pool_spin import wait_for_idle_pool
 from .kernel_costs import KernelCost
+from .kernel_libraries import run_kernels
 from .runners import device_type, run_outcome
 from .log_files import RECORD_FILE
 from .log_lines import record_seconds
@@ -195,7 +196,7 @@ def _measure_schedules(names, schedules_of, commit, target, builder, runner, dea
         bar.tick(sum(1 for name in chunk if not left[name]), "measure")  # nothing to run
         if to_run:
             wait_for_idle_pool()  # this process's TVM threads would share the cores
-        futures = runner.run([entry for *_, entry in to_run]) if to_run else []
+        futures = run_kernels(runner, [entry for *_, entry in to_run]) if to_run else []
         for (name, trace, role, form, _), future in zip(to_run, futures):
             outcomes[name].append((*run_outcome(name, future.result(), runner), trace, role,
                                    form))

@@ -5,12 +5,15 @@ one in its constructor to check the build functions. Costing measures kernels in
 calls (lazy costing's rounds, the groups between time-budget checks), and on a small machine
 starting the workers (each imports TVM) can cost more than the builds. Here the pool starts once
 per costing session (costing/session.py); each worker is replaced after `BUILDS_PER_WORKER`
-builds, which bounds the memory growth LocalBuilder restarts its pools for.
+builds, which bounds the memory growth LocalBuilder restarts its pools for. Kernels linked for
+this machine are built several to a library (kernel_libraries.py).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+
+from .kernel_libraries import LIBRARY_KERNELS, build_library_job, library_groups
 
 BUILDS_PER_WORKER = 256
 
@@ -44,13 +47,17 @@ class PooledBuilder:
         from .metaschedule_setup import builder_worker_settings
 
         initializer, self.timeout_sec = builder_worker_settings(target, timeout_sec)
-        self.scratch, self.linked = scratch, linked
+        self.scratch, self.linked, self.workers = scratch, linked, max(1, max_workers)
         self._pool = PopenPoolExecutor(
             max_workers=max(1, max_workers), timeout=self.timeout_sec, initializer=initializer,
-            maximum_process_uses=BUILDS_PER_WORKER)
+            maximum_process_uses=BUILDS_PER_WORKER // (LIBRARY_KERNELS if linked else 1))
 
     def build(self, inputs: Sequence) -> list:
-        """One BuilderResult per BuilderInput, in order; a failure or time-out is its error."""
+        """One BuilderResult per BuilderInput, in order; a failure or time-out is its error.
+        Linked kernels are built `LIBRARY_KERNELS` to a library: their artifacts are entries
+        of it, which `kernel_libraries.run_kernels` times."""
+        if self.linked:
+            return self._build_libraries(inputs)
         from tvm.s_tir.meta_schedule.builder import BuilderResult
         from tvm.support.popen_pool import StatusKind
 
@@ -65,6 +72,24 @@ class PooledBuilder:
                     None, f"build timed out (killed after {self.timeout_sec:.0f} s)"))
             else:
                 results.append(BuilderResult(None, f"build failed: {outcome.value}"))
+        return results
+
+    def _build_libraries(self, inputs: Sequence) -> list:
+        from tvm.s_tir.meta_schedule.builder import BuilderResult
+        from tvm.support.popen_pool import StatusKind
+
+        groups = library_groups(list(inputs), self.workers)
+        results = []
+        for group, outcome in zip(groups, self._pool.map_with_error_catching(
+                lambda job: build_library_job(*job),
+                [([i.mod for i in group], group[0].target, self.scratch) for group in groups])):
+            if outcome.status == StatusKind.COMPLETE:
+                results += [BuilderResult(artifact, error) for artifact, error in outcome.value]
+            elif outcome.status == StatusKind.TIMEOUT:
+                results += [BuilderResult(None, f"build timed out (killed after "
+                                                f"{self.timeout_sec:.0f} s)")] * len(group)
+            else:
+                results += [BuilderResult(None, f"build failed: {outcome.value}")] * len(group)
         return results
 
     def close(self) -> None:
