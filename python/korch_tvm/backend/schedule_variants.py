@@ -16,8 +16,9 @@ microseconds, and keeping the faster of noisy runs made them look cheaper than t
 Candidates fuse the same contraction with different neighbours (a convolution alone, with its
 batch-norm and ReLU prologue, with its concatenation), and which form wins is a property of the
 contraction: on DenseNet-121, 154 kernels with variants had 38 contractions among them (one 3x3
-convolution in 48 kernels), and the form that won on one kernel of a contraction ran the others
-as fast as the best of all five measured there, within the measurements' noise
+convolution in 48 kernels); on the others of a contraction, the form that won on its first ran
+at 0.986 of the packed form's time, the best of all five at 0.967 (partly the bias of keeping
+the least of five noisy runs), and whole plans made either way ran as fast side by side
 (bench/results/compile-time/variant-anchors/). `variant_anchor` names the contraction; the
 profiler measures every form on the first kernel of an anchor and, on the others, the rule's
 form and that kernel's winner (costing/default_measurement.py).

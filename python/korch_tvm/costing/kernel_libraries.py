@@ -109,13 +109,8 @@ def _time_library(runner, path: str, kernels: list) -> list:
     """Futures of the `kernels` [(position, symbol, RunnerInput)] of the library at `path`."""
     from tvm.s_tir.meta_schedule.runner.local_runner import LocalRunnerFuture
 
-    job = runner.pool.submit(
-        time_library_job, runner.f_alloc_argument, runner.evaluator_config,
-        runner.alloc_repeat, path, str(kernels[0][2].device_type),
-        [(symbol, tuple(info.as_json() for info in item.args_info))
-         for _, symbol, item in kernels])
     try:
-        outcomes = job.result()
+        outcomes = _timed(runner, path, [(symbol, item) for _, symbol, item in kernels])
     except Exception:  # noqa: BLE001 - a crash or a time-out: each kernel timed alone
         return [_time_alone(runner, path, symbol, item) for _, symbol, item in kernels]
     return [LocalRunnerFuture(res=costs, error_message=error) for costs, error in outcomes]
@@ -125,12 +120,8 @@ def _time_alone(runner, path: str, symbol: str, item):
     """One kernel of a library timed in a job of its own (its error, or time-out, its own)."""
     from tvm.s_tir.meta_schedule.runner.local_runner import LocalRunnerFuture
 
-    job = runner.pool.submit(
-        time_library_job, runner.f_alloc_argument, runner.evaluator_config,
-        runner.alloc_repeat, path, str(item.device_type),
-        [(symbol, tuple(info.as_json() for info in item.args_info))])
     try:
-        ((costs, error),) = job.result()
+        ((costs, error),) = _timed(runner, path, [(symbol, item)])
     except TimeoutError:
         return LocalRunnerFuture(
             res=None, error_message=f"LocalRunner: Timeout, killed after {runner.timeout_sec} "
@@ -138,6 +129,16 @@ def _time_alone(runner, path: str, symbol: str, item):
     except Exception as err:  # noqa: BLE001 - the worker's crash is this kernel's
         return LocalRunnerFuture(res=None, error_message=f"run failed: {err}")
     return LocalRunnerFuture(res=costs, error_message=error)
+
+
+def _timed(runner, path: str, kernels: list) -> list:
+    """`time_library_job`'s answer for [(symbol, RunnerInput)] of one library, timed in the
+    runner's worker; raises what the job raised (a time-out, the worker's crash)."""
+    job = runner.pool.submit(
+        time_library_job, runner.f_alloc_argument, runner.evaluator_config,
+        runner.alloc_repeat, path, str(kernels[0][1].device_type),
+        [(symbol, tuple(info.as_json() for info in item.args_info)) for symbol, item in kernels])
+    return job.result()
 
 
 def time_library_job(alloc_argument, evaluator_config, alloc_repeat: int, path: str,
