@@ -54,8 +54,9 @@ class PooledBuilder:
 
     def build(self, inputs: Sequence) -> list:
         """One BuilderResult per BuilderInput, in order; a failure or time-out is its error.
-        Linked kernels are built `LIBRARY_KERNELS` to a library: their artifacts are entries
-        of it, which `kernel_libraries.run_kernels` times."""
+        Linked kernels are built up to `LIBRARY_KERNELS` to a library (a library that times
+        out fails all its kernels): their artifacts are entries of it, which
+        `kernel_libraries.run_kernels` times."""
         if self.linked:
             return self._build_libraries(inputs)
         from tvm.s_tir.meta_schedule.builder import BuilderResult
