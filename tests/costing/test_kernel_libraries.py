@@ -94,3 +94,35 @@ def test_a_library_whose_timing_fails_has_its_kernels_timed_one_by_one():
     assert "timeout" in results[1].error_msg.lower()
     assert [float(s) for s in results[0].run_secs] == [1e-5] * 3
     assert not any(math.isnan(float(s)) for s in results[2].run_secs)
+
+
+class _TimingOutPool:
+    """A builder pool whose jobs of more than one kernel time out; one kernel builds."""
+
+    def __init__(self):
+        self.jobs = []
+
+    def map_with_error_catching(self, function, jobs):
+        from tvm.support.popen_pool import MapResult, StatusKind
+
+        for mods, _, _ in jobs:
+            self.jobs.append(len(mods))
+            yield (MapResult(StatusKind.TIMEOUT, None) if len(mods) > 1 else
+                   MapResult(StatusKind.COMPLETE, [(entry(f"/x/{len(self.jobs)}.so", "kernel_0"),
+                                                    None)]))
+
+
+def test_a_library_that_times_out_is_built_again_a_kernel_at_a_time():
+    kernels = legalized_kernels(8)
+    builder = PooledBuilder(TARGET, max_workers=2, timeout_sec=60, linked=True)
+    real, builder._pool = builder._pool, _TimingOutPool()
+    try:
+        pool = builder._pool
+        built = builder.build([ms.builder.BuilderInput(kernels[name], TARGET)
+                               for name in ("add", "matmul", "add")])
+    finally:
+        builder._pool = real
+        builder.close()
+    # libraries of two and one; the two timed out and were built again one by one
+    assert pool.jobs == [2, 1, 1, 1] and all(r.error_msg is None for r in built)
+    assert [split_entry(r.artifact_path)[0] for r in built] == ["/x/3.so", "/x/4.so", "/x/2.so"]

@@ -54,9 +54,8 @@ class PooledBuilder:
 
     def build(self, inputs: Sequence) -> list:
         """One BuilderResult per BuilderInput, in order; a failure or time-out is its error.
-        Linked kernels are built up to `LIBRARY_KERNELS` to a library (a library that times
-        out fails all its kernels): their artifacts are entries of it, which
-        `kernel_libraries.run_kernels` times."""
+        Linked kernels are built up to `LIBRARY_KERNELS` to a library: their artifacts are
+        entries of it, which `kernel_libraries.run_kernels` times."""
         if self.linked:
             return self._build_libraries(inputs)
         from tvm.s_tir.meta_schedule.builder import BuilderResult
@@ -76,22 +75,37 @@ class PooledBuilder:
         return results
 
     def _build_libraries(self, inputs: Sequence) -> list:
+        """BuilderResults of `inputs` built into libraries; the kernels of a library that timed
+        out are built again one to a library, so that a slow build fails only itself."""
+        groups = library_groups(list(inputs), self.workers)
+        built = self._built_groups(groups)
+        retried = iter(self._built_groups([[item] for (_, timed_out), group in zip(built, groups)
+                                           if timed_out and len(group) > 1 for item in group]))
+        results = []
+        for (group_results, timed_out), group in zip(built, groups):
+            if timed_out and len(group) > 1:
+                group_results = [next(retried)[0][0] for _ in group]
+            results += group_results
+        return results
+
+    def _built_groups(self, groups: list) -> list:
+        """Per group of inputs, ([BuilderResult], whether its job timed out)."""
         from tvm.s_tir.meta_schedule.builder import BuilderResult
         from tvm.support.popen_pool import StatusKind
 
-        groups = library_groups(list(inputs), self.workers)
-        results = []
+        built = []
         for group, outcome in zip(groups, self._pool.map_with_error_catching(
                 lambda job: build_library_job(*job),
                 [([i.mod for i in group], group[0].target, self.scratch) for group in groups])):
             if outcome.status == StatusKind.COMPLETE:
-                results += [BuilderResult(artifact, error) for artifact, error in outcome.value]
-            elif outcome.status == StatusKind.TIMEOUT:
-                results += [BuilderResult(None, f"build timed out (killed after "
-                                                f"{self.timeout_sec:.0f} s)")] * len(group)
-            else:
-                results += [BuilderResult(None, f"build failed: {outcome.value}")] * len(group)
-        return results
+                built.append(([BuilderResult(artifact, error)
+                               for artifact, error in outcome.value], False))
+                continue
+            timed_out = outcome.status == StatusKind.TIMEOUT
+            error = (f"build timed out (killed after {self.timeout_sec:.0f} s)" if timed_out
+                     else f"build failed: {outcome.value}")
+            built.append(([BuilderResult(None, error) for _ in group], timed_out))
+        return built
 
     def close(self) -> None:
         self._pool.shutdown()
