@@ -18,14 +18,15 @@ from .kernel_libraries import LIBRARY_KERNELS, build_library_job, library_groups
 BUILDS_PER_WORKER = 256
 
 
-def _build_and_export(mod, target, scratch: str | None, linked: bool) -> str:
-    """Worker side: compile one kernel and write it under `scratch`, where the runner loads it
-    (a shared library when `linked`, see `export_into`)."""
+def _archive_job(mods: list, target, scratch: str | None) -> list:
+    """Worker side: [(archive path, None)] of the one kernel in `mods`, written under `scratch`
+    for a runner that links it itself (a remote one, `export_into`)."""
     from tvm.s_tir.meta_schedule.builder.local_builder import default_build
 
     from .metaschedule_setup import export_into
 
-    return export_into(scratch, default_build(mod, target, None), linked)
+    (mod,) = mods
+    return [(export_into(scratch, default_build(mod, target, None)), None)]
 
 
 class PooledBuilder:
@@ -40,8 +41,8 @@ class PooledBuilder:
                  scratch: str | None = None, linked: bool = False):
         """Workers for `target`: `max_workers` of them (at least one), a build time-out of
         `timeout_sec` (None: per target), artifacts exported under `scratch` (None: the
-        temporary folder), as shared libraries when `linked` (for a runner on this machine:
-        `metaschedule_setup.export_into`), else as archives."""
+        temporary folder), in shared libraries of several kernels when `linked` (for a runner
+        on this machine: kernel_libraries.py), else as archives (`export_into`)."""
         from tvm.support.popen_pool import PopenPoolExecutor
 
         from .metaschedule_setup import builder_worker_settings
@@ -58,29 +59,17 @@ class PooledBuilder:
         entries of it, which `kernel_libraries.run_kernels` times."""
         if self.linked:
             return self._build_libraries(inputs)
-        from tvm.s_tir.meta_schedule.builder import BuilderResult
-        from tvm.support.popen_pool import StatusKind
-
-        results = []
-        for outcome in self._pool.map_with_error_catching(
-                lambda job: _build_and_export(*job),
-                [(i.mod, i.target, self.scratch, self.linked) for i in inputs]):
-            if outcome.status == StatusKind.COMPLETE:
-                results.append(BuilderResult(outcome.value, None))
-            elif outcome.status == StatusKind.TIMEOUT:
-                results.append(BuilderResult(
-                    None, f"build timed out (killed after {self.timeout_sec:.0f} s)"))
-            else:
-                results.append(BuilderResult(None, f"build failed: {outcome.value}"))
-        return results
+        return [result for results, _ in self._built_groups([[i] for i in inputs], _archive_job)
+                for result in results]
 
     def _build_libraries(self, inputs: Sequence) -> list:
         """BuilderResults of `inputs` built into libraries; the kernels of a library that timed
         out are built again one to a library, so that a slow build fails only itself."""
         groups = library_groups(list(inputs), self.workers)
-        built = self._built_groups(groups)
+        built = self._built_groups(groups, build_library_job)
         retried = iter(self._built_groups([[item] for (_, timed_out), group in zip(built, groups)
-                                           if timed_out and len(group) > 1 for item in group]))
+                                           if timed_out and len(group) > 1 for item in group],
+                                          build_library_job))
         results = []
         for (group_results, timed_out), group in zip(built, groups):
             if timed_out and len(group) > 1:
@@ -88,14 +77,15 @@ class PooledBuilder:
             results += group_results
         return results
 
-    def _built_groups(self, groups: list) -> list:
-        """Per group of inputs, ([BuilderResult], whether its job timed out)."""
+    def _built_groups(self, groups: list, job) -> list:
+        """Per group of inputs, built by `job(mods, target, scratch)` in a worker:
+        ([BuilderResult], whether the job timed out)."""
         from tvm.s_tir.meta_schedule.builder import BuilderResult
         from tvm.support.popen_pool import StatusKind
 
         built = []
         for group, outcome in zip(groups, self._pool.map_with_error_catching(
-                lambda job: build_library_job(*job),
+                lambda args: job(*args),
                 [([i.mod for i in group], group[0].target, self.scratch) for group in groups])):
             if outcome.status == StatusKind.COMPLETE:
                 built.append(([BuilderResult(artifact, error)
