@@ -228,6 +228,7 @@ def test_a_layout_that_cannot_win_is_left_out_and_regions_are_still_tried(monkey
         costs: dict = dataclasses.field(default_factory=dict)
         layouts: dict = dataclasses.field(default_factory=dict)
         tuning: dict = dataclasses.field(default_factory=dict)
+        layouts_stopped: tuple = ()
 
     class Pending:
         def __init__(self, layout, ms):
@@ -255,6 +256,7 @@ def test_a_layout_that_cannot_win_is_left_out_and_regions_are_still_tried(monkey
     plan = korch.plan_korch(mod, KorchConfig(trials=0), session=Session())
     assert asked == [("NCHW", None), ("NHWC", 5.0)]  # small: unprobed, in the order given
     assert plan.layout == "NCHW" and list(plan.layouts) == ["NCHW"] and regions_tried == [True]
+    assert plan.layouts_stopped == ("NHWC",)  # said in the report, not silently missing
     asked.clear()
     monkeypatch.setattr(korch, "tune_once", lambda planned, session: ({}, 0.0))
     korch.plan_korch(mod, KorchConfig(trials=8), session=Session())

@@ -231,7 +231,13 @@ def test_bench_and_retime_a_tiny_conv_model_end_to_end(tmp_path):
         # Korch may also plan a layout per region (region_layout.py), the stock path never
         planned = {"NCHW", "NHWC"} | ({"mixed"} if path == "korch" else set())
         assert compiled["layout"] in planned
-        assert {"NCHW", "NHWC"} <= set(compiled["layout_modelled_ms"]) <= planned
+        # untuned, a layout whose optimistic plan models above the first one's stops early
+        # (pipeline/korch_costs.py): it is said so, never silently missing
+        stopped = set(compiled["layouts_stopped"])
+        assert not stopped or path == "korch"
+        assert not stopped & set(compiled["layout_modelled_ms"])
+        assert {"NCHW", "NHWC"} <= set(compiled["layout_modelled_ms"]) | stopped
+        assert set(compiled["layout_modelled_ms"]) <= planned
         assert compiled["layout_modelled_ms"][compiled["layout"]] == pytest.approx(
             min(compiled["layout_modelled_ms"].values()))
         assert len(result["samples_ms"][path]) == 2

@@ -99,7 +99,7 @@ def plan_korch(mod: tvm.IRModule, config: KorchConfig, *, predict_only: bool = F
     if config.tunes and not predict_only:
         tuned, tuning_seconds = tune_once(planned.values(), session)
     return _cheapest_plan({layout: pending.finish(tuned, tuning_seconds)
-                           for layout, pending in planned.items()}, regions)
+                           for layout, pending in planned.items()}, regions, cannot_win)
 
 
 def _try_region_layouts(mod: tvm.IRModule, config: KorchConfig, session: CostingSession, *,
@@ -118,15 +118,17 @@ def _try_region_layouts(mod: tvm.IRModule, config: KorchConfig, session: Costing
         return None
 
 
-def _cheapest_plan(plans: dict[str, KorchPlan], regions: list[dict] | None) -> KorchPlan:
-    """The plan of least modelled latency, with every layout's outcome and the compile's
-    costing (each kernel once) in its report."""
+def _cheapest_plan(plans: dict[str, KorchPlan], regions: list[dict] | None,
+                   stopped: list[str]) -> KorchPlan:
+    """The plan of least modelled latency, with every layout's outcome (`stopped`: those that
+    could not win, left unplanned) and the compile's costing (each kernel once) in its
+    report."""
     layouts = {layout: {"modelled_ms": plan.modelled_ms, "tuning": summarize(plan.costs.values())}
                for layout, plan in plans.items()}
     if regions is not None:
         layouts[MIXED]["regions"] = regions
     best = best_layout({layout: plan.modelled_ms for layout, plan in plans.items()})
-    return replace(plans[best], layouts=layouts,
+    return replace(plans[best], layouts=layouts, layouts_stopped=tuple(stopped),
                    tuning=summarize(distinct_costs(plan.costs for plan in plans.values())))
 
 

@@ -80,6 +80,7 @@ class KorchPlan:
     layout: str = "NCHW"       # activation layout of the plan (layout/activations.py)
     in_layout: tvm.IRModule | None = None  # source in that layout, before fission
     layouts: dict = field(default_factory=dict)  # every layout planned -> modelled_ms, tuning
+    layouts_stopped: tuple = ()  # layouts whose optimistic plan could not win, left unplanned
     tuning: dict = field(default_factory=dict)  # what the compile measured and tuned (costing)
     storage: StorageModel | None = None  # for the planned-storage report (memory_plan.py)
 
@@ -108,6 +109,7 @@ class KorchPlan:
         return {
             "layout": self.layout,
             "layouts": layouts,
+            "layouts_stopped": list(self.layouts_stopped),
             "lowering": lowering_stats(self.source, self.lowered),
             # every layout planned, each kernel once: what this compile measured and tuned
             "tuning": self.tuning or summarize(self.costs.values()),

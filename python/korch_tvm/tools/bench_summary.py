@@ -48,6 +48,7 @@ def compile_summary(report: Mapping) -> dict:
         "layout": report.get("layout", "NCHW"),  # compiles before layouts were chosen: NCHW
         "layout_modelled_ms": {layout: entry["modelled_ms"]
                                for layout, entry in report.get("layouts", {}).items()},
+        "layouts_stopped": report.get("layouts_stopped", []),  # could not win: unplanned
     }
     if plan:
         gaps = [entry["gap"] for entry in plan.get("solver", []) if entry.get("gap") is not None]
