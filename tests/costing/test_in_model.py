@@ -12,7 +12,8 @@ from korch_tvm import compile_model
 from korch_tvm.backend.target import parse_target, target_tag
 from korch_tvm.config import KorchConfig
 from korch_tvm.costing.in_model import (FILE_NAME, InModelTimes, fidelity_by_kind, kernel_rows,
-                                        load_in_model_times, record_in_model_times, scaled_costs)
+                                        library_call_name, load_in_model_times,
+                                        record_in_model_times, scaled_costs)
 from korch_tvm.costing.measure import KernelCost
 from korch_tvm.tools.kind_profile import tvm_kernel_times
 from test_weight_packing import conv_block_onnx
@@ -52,6 +53,25 @@ def test_rows_join_reports_with_in_model_times_per_run():
     table = fidelity_by_kind(stock + korch)
     assert table["conv1x1"] == pytest.approx({"isolated_ms": 5.0, "in_model_ms": 2.2,
                                               "ratio": 2.2 / 5.0})
+
+
+def test_library_calls_join_their_kernels_in_plan_order():
+    """The profile knows a library call only by its order in the run (one packed function
+    serves every GEMM), so the n-th library kernel of the plan gets the n-th call's time; the
+    isolated times of all kernels that ran add up to the plan's."""
+    report = {"korch": True,
+              "kernel_kinds": {"korch_k0": "memory", "korch_k1": "conv1x1", "korch_k2": "matmul",
+                               "korch_k3": "conv1x1"},
+              "plan": {"kernels": [{"key": "m", "isolated_ms": 0.5},
+                                   {"key": "g", "isolated_ms": 2.0, "implementation": "gemm"},
+                                   {"key": "t", "isolated_ms": 1.0, "implementation": "tvm"},
+                                   {"key": "h", "isolated_ms": 4.0, "implementation": "gemm"}]}}
+    profile = {"korch_k0": 0.4, library_call_name(0): 1.5, "korch_k2": 0.9,
+               library_call_name(1): 3.0, "runtime": 0.1}
+    assert kernel_rows(report, profile) == [row("m", "memory", 0.5, 0.4, "korch_k0"),
+                                            row("g", "conv1x1", 2.0, 1.5, "korch_k1"),
+                                            row("t", "matmul", 1.0, 0.9, "korch_k2"),
+                                            row("h", "conv1x1", 4.0, 3.0, "korch_k3")]
 
 
 def test_record_replaces_older_ratios_and_drops_implausible_ones(tmp_path, caplog):

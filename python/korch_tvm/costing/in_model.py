@@ -72,39 +72,60 @@ def scaled_costs(costs: Mapping[str, object], factors: Mapping[str, float]) -> d
 
 
 # ----------------------------------------------------------------------------- joining
+def library_call_name(order: int) -> str:
+    """The profile's name for a run's `order`-th library call (costing/library_costs.py): one
+    packed function serves every GEMM it replaced, so only the order tells the calls apart,
+    and the calls run in the plan's kernel order."""
+    return f"library#{order}"
+
+
+def is_library_call(name: str) -> bool:
+    return name.startswith("library#")
+
+
 def kernel_rows(report: Mapping, kernel_ms: Mapping[str, float]) -> list[dict]:
     """One row per kernel of a compile report that ran in the model: name, key, kind, isolated
     ms and in-model ms, both per model run (a stock kernel called twice counts twice).
 
-    `kernel_ms` is `kind_profile.tvm_kernel_times` of the report's library. Kernels with the
-    same key are one row: they get the same schedule, and when the pre-packed copies of two are
+    `kernel_ms` is `kind_profile.tvm_kernel_times` of the report's library: a Korch kernel
+    built as a library call is found under its order among them. Kernels with the same key are
+    one row: they get the same schedule, and when the pre-packed copies of two are
     identical the build keeps one PrimFunc, called under the first one's name for both.
     """
     kinds = report.get("kernel_kinds") or {}
-    if report.get("korch"):
-        entries = [(f"{KERNEL_PREFIX}{index}", kernel.get("key"),
-                    kernel.get("isolated_ms", kernel.get("ms")), 1)
-                   for index, kernel in enumerate(report["plan"]["kernels"])]
-    else:
-        entries = [(kernel["name"], kernel.get("key"),
-                    kernel.get("isolated_ms", kernel.get("ms")), kernel.get("calls", 1))
-                   for kernel in report.get("kernels", [])]
     by_key: dict[str, dict] = {}
-    for name, key, isolated_ms, calls in entries:
+    for name, profiled_as, key, isolated_ms, calls in _report_kernels(report):
         if key is None or isolated_ms is None:
             continue  # opaque or unmeasurable
         row = by_key.setdefault(key, {"names": [], "isolated_ms": 0.0})
-        row["names"].append(name)
+        row["names"].append((name, profiled_as))
         row["isolated_ms"] += isolated_ms * calls
     rows = []
     for key, row in by_key.items():
-        called = [name for name in row["names"] if name in kernel_ms]
+        called = [(name, profiled) for name, profiled in row["names"] if profiled in kernel_ms]
         if not called:
             continue  # not called in this run
-        rows.append({"name": called[0], "key": key, "kind": kinds.get(called[0], "memory"),
+        rows.append({"name": called[0][0], "key": key, "kind": kinds.get(called[0][0], "memory"),
                      "isolated_ms": row["isolated_ms"],
-                     "in_model_ms": sum(kernel_ms[name] for name in called)})
+                     "in_model_ms": sum(kernel_ms[profiled] for _, profiled in called)})
     return rows
+
+
+def _report_kernels(report: Mapping) -> list[tuple]:
+    """(name, name in the profile, key, isolated ms, calls per run) of each kernel reported."""
+    if not report.get("korch"):
+        return [(kernel["name"], kernel["name"], kernel.get("key"),
+                 kernel.get("isolated_ms", kernel.get("ms")), kernel.get("calls", 1))
+                for kernel in report.get("kernels", [])]
+    entries, library_calls = [], 0
+    for index, kernel in enumerate(report["plan"]["kernels"]):
+        name = profiled_as = f"{KERNEL_PREFIX}{index}"
+        if kernel.get("implementation", "tvm") != "tvm":
+            profiled_as = library_call_name(library_calls)
+            library_calls += 1
+        entries.append((name, profiled_as, kernel.get("key"),
+                        kernel.get("isolated_ms", kernel.get("ms")), 1))
+    return entries
 
 
 def fidelity_by_kind(rows: Sequence[Mapping]) -> dict[str, dict]:

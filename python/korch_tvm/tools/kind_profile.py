@@ -14,6 +14,7 @@ import tempfile
 import time
 from collections.abc import Callable, Mapping
 
+from ..costing.in_model import is_library_call, library_call_name
 from ..kernels.kinds import KINDS, ort_kind_times
 from ..kernels.weight_packing import original_kernel_name
 
@@ -33,7 +34,8 @@ def tvm_kernel_times(vm, args, runs: int = 10, warmup: int = 2) -> dict[str, flo
     """Milliseconds per run of `vm["main"](*args)` spent in each called function, by name.
 
     Pre-packed kernels are reported under their original name; the VM's builtins are summed
-    under "runtime", library calls under "library". Each call is timed from the instrument
+    under "runtime"; library calls, which the hook sees only by the packed function's name, go
+    by their order in a run (`library_call_name`). Each call is timed from the instrument
     hook's before- to its after-callback, a window that holds the return from one Python
     callback and the entry into the next: about half of the hook's cost per call, which is the
     instrumented runs' excess over as many plain runs divided by the calls. That half is taken
@@ -50,12 +52,16 @@ def tvm_kernel_times(vm, args, runs: int = 10, warmup: int = 2) -> dict[str, flo
     totals: dict[str, float] = {}
     calls: dict[str, int] = {}
     started: dict[str, float] = {}
+    library_calls = [0]  # library calls so far in this run
 
     def instrument(func, symbol, before_run, ret_value, *call_args):
         if before_run:
             started[symbol] = time.perf_counter()
         else:
             name = _kernel_name(str(symbol))
+            if name == LIBRARY:
+                name = library_call_name(library_calls[0])
+                library_calls[0] += 1
             totals[name] = totals.get(name, 0.0) + time.perf_counter() - started[symbol]
             calls[name] = calls.get(name, 0) + 1
         return 0  # VMInstrumentReturnKind.NO_OP: run the call as usual
@@ -64,6 +70,7 @@ def tvm_kernel_times(vm, args, runs: int = 10, warmup: int = 2) -> dict[str, flo
     started_instrumented = time.perf_counter()
     try:
         for _ in range(runs):
+            library_calls[0] = 0
             main(*args)
     finally:
         vm.set_instrument(None)
@@ -85,10 +92,12 @@ def tvm_kind_times(vm, args, kernel_kinds: Mapping[str, str], runs: int = 10,
 
 def sum_by_kind(kernel_ms: Mapping[str, float], kernel_kinds: Mapping[str, str]) -> dict:
     """`kernel_ms` ({function name: ms per run}) summed per kind; `kernel_kinds` names each
-    kernel's kind (a function it does not name counts as memory-bound, the VM's as runtime)."""
+    kernel's kind (a function it does not name counts as memory-bound, the VM's as runtime,
+    library calls as library)."""
     totals = _empty()
     for name, ms in kernel_ms.items():
-        totals[name if name in (RUNTIME, LIBRARY) else kernel_kinds.get(name, "memory")] += ms
+        kind = LIBRARY if is_library_call(name) else kernel_kinds.get(name, "memory")
+        totals[RUNTIME if name == RUNTIME else kind] += ms
     return totals
 
 
