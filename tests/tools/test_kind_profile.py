@@ -73,3 +73,39 @@ def test_library_calls_are_a_kind_of_their_own_not_memory():
                          {"k1": "conv3x3"})
     assert (totals[LIBRARY], totals[RUNTIME], totals["memory"], totals["conv3x3"]) == \
         (2.0, 0.5, 0.25, 1.0)
+
+
+def test_library_calls_are_told_apart_by_their_order_in_a_run(blas_extension):
+    """Two GEMMs of one function, both library calls: the hook sees one packed function
+    twice, and the profile names them by their order (costing/in_model.py joins each with its
+    plan kernel by it)."""
+    from tvm import te
+
+    from korch_tvm.costing.in_model import library_call_name
+    from korch_tvm.library import UseLibraryGemm
+    from korch_tvm.tools.kind_profile import sum_by_kind, tvm_kernel_times
+
+    def gemm(a, b):
+        k = te.reduce_axis((0, a.shape[1]), "k")
+        return te.compute((a.shape[0], b.shape[1]), lambda i, j: te.sum(a[i, k] * b[k, j],
+                                                                         axis=k))
+
+    bb = relax.BlockBuilder()
+    a, b, c = (relax.Var(n, relax.TensorType(s, "float32"))
+               for n, s in (("a", (64, 48)), ("b", (48, 32)), ("c", (32, 16))))
+    with bb.function("main", [a, b, c]):
+        with bb.dataflow():
+            first = bb.emit_te(gemm, a, b, primfunc_name_hint="gemm_first")
+            out = bb.emit_output(bb.emit_te(gemm, first, c, primfunc_name_hint="gemm_second"))
+        bb.emit_func_output(out)
+    mod = UseLibraryGemm()(relax.transform.LegalizeOps()(bb.get()))
+    vm = relax.VirtualMachine(tvm.compile(mod, target="llvm"), tvm.cpu())
+    rng = np.random.default_rng(0)
+    args = [tvm.runtime.tensor(rng.standard_normal(s, dtype="float32"))
+            for s in ((64, 48), (48, 32), (32, 16))]
+    times = tvm_kernel_times(vm, args, runs=3, warmup=1)
+    assert {library_call_name(0), library_call_name(1)} <= set(times)
+    assert library_call_name(2) not in times and LIBRARY not in times
+    totals = sum_by_kind(times, {})
+    assert totals[LIBRARY] == pytest.approx(times[library_call_name(0)]
+                                            + times[library_call_name(1)])
