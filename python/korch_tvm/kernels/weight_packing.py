@@ -175,7 +175,10 @@ def pack_constant_weights(mod: tvm.IRModule) -> tvm.IRModule:
 
 
 class _PrepackEvaluator:
-    """Builds every weight-prepack PrimFunc once (for the host CPU) and runs it on constants."""
+    """Builds every weight-prepack PrimFunc once (for the host CPU) and runs it on constants.
+
+    Built without LLVM's optimizations: each runs once, on a few megabytes, and optimizing
+    them took longer than running them (a warm DenseNet-121 compile: 5.7 -> 4.1 s here)."""
 
     def __init__(self, funcs: dict):
         self.funcs = funcs
@@ -184,7 +187,7 @@ class _PrepackEvaluator:
     def __call__(self, name: str, args: list, out_types: list) -> list:
         if self._library is None:
             module = tvm.IRModule({n: f.with_attr("global_symbol", n) for n, f in self.funcs.items()})
-            self._library = tvm.compile(module, target="llvm")
+            self._library = tvm.compile(module, target={"kind": "llvm", "opt-level": 0})
         device = tvm.cpu()
         inputs = [tvm.runtime.tensor(arg.value.numpy(), device) for arg in args]
         outputs = [tvm.runtime.tensor(np.empty([int(d) for d in ty.shape.values], str(ty.dtype)),
