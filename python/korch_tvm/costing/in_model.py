@@ -72,15 +72,18 @@ def scaled_costs(costs: Mapping[str, object], factors: Mapping[str, float]) -> d
 
 
 # ----------------------------------------------------------------------------- joining
+LIBRARY_KIND = "library"  # the kind of a kernel that runs as a library call
+
+
 def library_call_name(order: int) -> str:
     """The profile's name for a run's `order`-th library call (costing/library_costs.py): one
     packed function serves every GEMM it replaced, so only the order tells the calls apart,
     and the calls run in the plan's kernel order."""
-    return f"library#{order}"
+    return f"{LIBRARY_KIND}#{order}"
 
 
 def is_library_call(name: str) -> bool:
-    return name.startswith("library#")
+    return name.startswith(f"{LIBRARY_KIND}#")
 
 
 def kernel_rows(report: Mapping, kernel_ms: Mapping[str, float]) -> list[dict]:
@@ -88,7 +91,8 @@ def kernel_rows(report: Mapping, kernel_ms: Mapping[str, float]) -> list[dict]:
     ms and in-model ms, both per model run (a stock kernel called twice counts twice).
 
     `kernel_ms` is `kind_profile.tvm_kernel_times` of the report's library: a Korch kernel
-    built as a library call is found under its order among them. Kernels with the same key are
+    built as a library call is found under its order among them, and is of the kind "library"
+    (its ratio says nothing of TVM's kernels of its compute kind). Kernels with the same key are
     one row: they get the same schedule, and when the pre-packed copies of two are
     identical the build keeps one PrimFunc, called under the first one's name for both.
     """
@@ -105,8 +109,9 @@ def kernel_rows(report: Mapping, kernel_ms: Mapping[str, float]) -> list[dict]:
         called = [(name, profiled) for name, profiled in row["names"] if profiled in kernel_ms]
         if not called:
             continue  # not called in this run
-        rows.append({"name": called[0][0], "key": key, "kind": kinds.get(called[0][0], "memory"),
-                     "isolated_ms": row["isolated_ms"],
+        name, profiled = called[0]
+        kind = LIBRARY_KIND if is_library_call(profiled) else kinds.get(name, "memory")
+        rows.append({"name": name, "key": key, "kind": kind, "isolated_ms": row["isolated_ms"],
                      "in_model_ms": sum(kernel_ms[profiled] for _, profiled in called)})
     return rows
 

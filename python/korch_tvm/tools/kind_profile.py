@@ -14,14 +14,14 @@ import tempfile
 import time
 from collections.abc import Callable, Mapping
 
-from ..costing.in_model import is_library_call, library_call_name
+from ..costing.in_model import LIBRARY_KIND, is_library_call, library_call_name
 from ..kernels.kinds import KINDS, ort_kind_times
 from ..kernels.weight_packing import original_kernel_name
 
 RUNTIME = "runtime"  # the VM's own builtins (allocation, shape checks, reshapes without copy)
 # Vendor-library calls (korch_tvm.blas.*, korch_tvm.cublas.*): one packed function serves every
 # GEMM or convolution it replaced, so the VM's hook cannot tell their kinds apart.
-LIBRARY = "library"
+LIBRARY = LIBRARY_KIND
 PROFILE_KINDS = KINDS + (LIBRARY, RUNTIME)
 _LIBRARY_PREFIXES = ("korch_tvm.blas.", "korch_tvm.cublas.")
 
