@@ -7,7 +7,7 @@ from korch_tvm.costing.kernel_costs import KernelCost
 from korch_tvm.frontend.onnx_import import import_onnx
 from korch_tvm.layout.activations import layout_variants
 from korch_tvm.pipeline import layout_probe
-from korch_tvm.pipeline.layout_plan import prepare_layout
+from korch_tvm.pipeline.layout_plan import lower_layout
 from korch_tvm.pipeline.layout_probe import (MINOR_SHARE, PROBE_MAX_KERNELS, SCREEN_RATIO,
                                              Probe, StockKernel, differing_share,
                                              layout_specific, layouts_to_plan,
@@ -144,6 +144,8 @@ class ScriptedSession:
     """Measures each layout's probe in turn at the rate given for it (FLOPs per second);
     "predicted" for a layout whose rate is None (nothing could measure there)."""
 
+    built_kernels = None  # each stock kernel built afresh
+
     def __init__(self, rates):
         self.rates, self.calls = list(rates), []
 
@@ -166,14 +168,14 @@ class ScriptedSession:
 def test_screen_layouts_on_a_convolution_block(rates, kept, monkeypatch, caplog):
     variants = layout_variants(import_onnx(conv_block_onnx(32, 28), None), "auto")
     config = KorchConfig(trials=0)
-    prepared = {layout: prepare_layout(variant, config) for layout, variant in variants.items()}
+    lowered = {layout: lower_layout(variant, config) for layout, variant in variants.items()}
     session = ScriptedSession(rates)
     # three convolutions: a model this small is planned in both layouts unprobed
-    assert screen_layouts(prepared, session) == (prepared, True)  # regions as before
+    assert screen_layouts(lowered, session) == (lowered, True)  # regions as before
     assert session.calls == []
     monkeypatch.setattr(layout_probe, "PROBE_MIN_KERNELS", 1)
     with caplog.at_level("INFO", logger=layout_probe.logger.name):
-        screened, regions = screen_layouts(prepared, session)
+        screened, regions = screen_layouts(lowered, session)
     assert list(screened) == kept
     # NCHW and NHWC measure the same convolutions at one rate each: neither clearly wins one
     # that the other runs faster, so a layout per region is not worth costing
@@ -185,9 +187,9 @@ def test_screen_layouts_on_a_convolution_block(rates, kept, monkeypatch, caplog)
                                else "every layout planned") in said[0]
     assert ("no layout per region" in said[0]) == (not regions)
     assert ("NCHW unmeasured" in said[0]) == (rates[0] is None)
-    assert all(screened[layout] is prepared[layout] for layout in kept)  # handed on as it is
+    assert all(screened[layout] is lowered[layout] for layout in kept)  # handed on as it is
     # each layout's probe: its heaviest stock kernel (the 3x3 convolution) first
-    specific = layout_specific({layout: stock_kernels(prepared[layout]) for layout in variants})
+    specific = layout_specific({layout: stock_kernels(lowered[layout]) for layout in variants})
     for layout, measured in zip(variants, session.calls):
         kernels = specific[layout]
         assert measured == sorted(probe_set(kernels))
@@ -203,13 +205,13 @@ def test_screen_layouts_plans_the_faster_alone_when_the_difference_is_minor(rate
     """The convolution block differs in all its FLOPs; a share taken as minor shows the
     wiring: probes within the screening ratio, and only the faster layout is planned."""
     variants = layout_variants(import_onnx(conv_block_onnx(32, 28), None), "auto")
-    prepared = {layout: prepare_layout(variant, KorchConfig(trials=0))
-                for layout, variant in variants.items()}
+    lowered = {layout: lower_layout(variant, KorchConfig(trials=0))
+               for layout, variant in variants.items()}
     monkeypatch.setattr(layout_probe, "PROBE_MIN_KERNELS", 1)
-    both = list(screen_layouts(prepared, ScriptedSession(rates)).prepared)
+    both = list(screen_layouts(lowered, ScriptedSession(rates)).lowered)
     assert both == kept + [layout for layout in ("NCHW", "NHWC") if layout not in kept]
     monkeypatch.setattr(layout_probe, "MINOR_SHARE", 1.01)
-    assert list(screen_layouts(prepared, ScriptedSession(rates)).prepared) == kept
+    assert list(screen_layouts(lowered, ScriptedSession(rates)).lowered) == kept
 
 
 def test_a_layout_that_cannot_win_is_left_out_and_regions_are_still_tried(monkeypatch):
@@ -264,8 +266,8 @@ def test_a_layout_that_cannot_win_is_left_out_and_regions_are_still_tried(monkey
     # a probe that finds no layout clearly faster on a convolution: no layout per region
     regions_tried.clear()
     asked.clear()
-    monkeypatch.setattr(korch, "prepare_layout", lambda variant, config, built=None: variant)
-    monkeypatch.setattr(korch, "screen_layouts", lambda prepared, session: layout_probe.Screened(
-        dict(reversed(list(prepared.items()))), regions_may_pay=False))
+    monkeypatch.setattr(korch, "lower_layout", lambda variant, config: variant)
+    monkeypatch.setattr(korch, "screen_layouts", lambda lowered, session: layout_probe.Screened(
+        dict(reversed(list(lowered.items()))), regions_may_pay=False))
     plan = korch.plan_korch(mod, KorchConfig(trials=0), session=Session())
     assert asked == [("NHWC", None), ("NCHW", 5.0)] and regions_tried == []

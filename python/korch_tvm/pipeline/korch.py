@@ -31,7 +31,7 @@ from ..layout.regions import (MIXED, cheapest_layouts, region_module, split_regi
                               stitched_module, switch_module, worth_stitching)
 from ..support import interrupts
 from .korch_costs import Planned, distinct_costs, tune_once
-from .layout_plan import KorchPlan, plan_in_layout, prepare_layout
+from .layout_plan import KorchPlan, lower_layout, plan_in_layout
 from .layout_probe import screen_layouts
 
 logger = logging.getLogger("korch_tvm.passes")
@@ -62,13 +62,13 @@ def plan_korch(mod: tvm.IRModule, config: KorchConfig, *, predict_only: bool = F
                               session=opened)
     # One session for every layout planned: the log is read once, and a kernel two of them
     # share is costed once, through one runner and builder pool, within one time budget.
-    variants, prepared, regions_may_pay = layout_variants(mod, config.layout), {}, True
+    variants, lowerings, regions_may_pay = layout_variants(mod, config.layout), {}, True
     if (config.layout == "auto" and len(variants) > 1 and not predict_only
             and measure_with is None):  # probed first: their lowering is kept for the plans
-        prepared, regions_may_pay = screen_layouts(
-            {layout: prepare_layout(variant, config, built=session.built_kernels)
-             for layout, variant in variants.items()}, session)
-        variants = {layout: variants[layout] for layout in prepared}
+        lowerings, regions_may_pay = screen_layouts(
+            {layout: lower_layout(variant, config) for layout, variant in variants.items()},
+            session)
+        variants = {layout: variants[layout] for layout in lowerings}
 
     # Untuned, a layout whose optimistic plan models above a layout planned before it cannot
     # win: it stops before its fusion groups are measured (the probe's fastest goes first).
@@ -78,7 +78,7 @@ def plan_korch(mod: tvm.IRModule, config: KorchConfig, *, predict_only: bool = F
     def plan_in(layout, variant, time_budget):
         pending = plan_in_layout(mod, variant, layout, config.with_changes(time_budget=time_budget),
                                  predict_only=predict_only, measure_with=measure_with,
-                                 session=session, prepared=prepared.pop(layout, None),
+                                 session=session, lowering=lowerings.pop(layout, None),
                                  beat_ms=min(planned_ms) if bounded and planned_ms else None)
         if pending is None:  # cost_what_plans_need has said why
             cannot_win.append(layout)

@@ -128,9 +128,17 @@ class Found(NamedTuple):
     storage: StorageModel | None
 
 
+class Lowered(NamedTuple):
+    """A layout's model after operator fission, and its primitive graph (substitutions
+    offered): what both the layout probe (TVM's fusion groups of it) and the layout's plan
+    (every candidate of it) start from."""
+
+    lowered: tvm.IRModule
+    graph: PrimitiveGraph
+
+
 class Prepared(NamedTuple):
-    """A layout's model after operator fission, and its candidates: what both the layout probe
-    and the layout's plan start from (about half of a probe's time on a large CNN)."""
+    """A layout's model after operator fission, and its candidates."""
 
     lowered: tvm.IRModule
     found: Found
@@ -148,16 +156,16 @@ class Priced(NamedTuple):
 
 def plan_in_layout(source: tvm.IRModule, mod: tvm.IRModule, layout: str, config: KorchConfig,
                    *, predict_only: bool, measure_with, session: CostingSession,
-                   prepared: Prepared | None = None, beat_ms: float | None = None
+                   lowering: Lowered | None = None, beat_ms: float | None = None
                    ) -> Planned | None:
     """`plan_korch` for `mod`, which is `source` with its activations in `layout`, costed
     through the compile's `session` (its log, and its seed: predictions and starting points
     from a compatible log), up to tuning. `predict_only` and `measure_with` as in
-    `plan_korch`; `prepared`: `prepare_layout(mod, config)` where the caller has it already
+    `plan_korch`; `lowering`: `lower_layout(mod, config)` where the caller has it already
     (the layout probe). None when no plan of this layout can model under `beat_ms` (another
     layout's plan): found before its fusion groups are measured (`cost_what_plans_need`)."""
     clock = StageClock()
-    lowered, found = prepared or prepare_layout(mod, config, clock, session.built_kernels)
+    lowered, found = prepare_layout(mod, config, clock, session.built_kernels, lowering)
     priced = price_candidates(found, config, session)
     clock.lap("prediction")
     solve = Orchestrator(found, priced, config)
@@ -189,17 +197,25 @@ def plan_in_layout(source: tvm.IRModule, mod: tvm.IRModule, layout: str, config:
                           config.target, session.tuning_log))
 
 
-def prepare_layout(mod: tvm.IRModule, config: KorchConfig, clock: StageClock | None = None,
-                   built: KeyedMemo | None = None) -> Prepared:
-    """`mod` lowered to primitives, with `config`'s substitutions offered, and its candidates
-    (`find_candidates`, reusing the kernels in `built`); `clock` gets a lap per stage."""
-    clock = clock or StageClock()
+def lower_layout(mod: tvm.IRModule, config: KorchConfig,
+                 clock: StageClock | None = None) -> Lowered:
+    """`mod` lowered to primitives, and its graph with `config`'s substitutions offered;
+    `clock` gets a lap."""
     lowered = lower_to_primitives(mod)
     graph = graph_with_alternatives(lowered, config.substitutions, fast_math=config.fast_math)
-    clock.lap("lowering")
-    found = find_candidates(graph, config, built)
+    (clock or StageClock()).lap("lowering")
+    return Lowered(lowered, graph)
+
+
+def prepare_layout(mod: tvm.IRModule, config: KorchConfig, clock: StageClock | None = None,
+                   built: KeyedMemo | None = None, lowering: Lowered | None = None) -> Prepared:
+    """`lower_layout` (or the `lowering` given) and its candidates (`find_candidates`, reusing
+    the kernels in `built`); `clock` gets a lap per stage."""
+    clock = clock or StageClock()
+    lowering = lowering or lower_layout(mod, config, clock)
+    found = find_candidates(lowering.graph, config, built)
     clock.lap("candidates")
-    return Prepared(lowered, found)
+    return Prepared(lowering.lowered, found)
 
 
 def find_candidates(graph: PrimitiveGraph, config: KorchConfig,

@@ -21,10 +21,11 @@ Where the kernels that differ between the layouts are a small share of the model
 ViT's patch embedding, under `MINOR_SHARE`), the layout choice can change little, and only the
 layout that is faster on them is planned.
 A small model, quick to plan twice, is not probed. The probe's measurements go into the
-tuning log, and its lowered graphs and candidates go to the plans, so the plan of a layout
-kept does neither again. Predictions cannot stand in for the
-probe on a new machine: there a fresh log's cost model gives both layouts the same time
-within 0.1 %.
+tuning log, its lowered graphs go to the plans, and the kernels it built are built for the
+plans too; the rest of a layout's candidates are enumerated and built only once the layout
+is kept (DenseNet-121: 2.4 s of kernels for the layout dropped). Predictions cannot stand in
+for the probe on a new machine: there a fresh log's cost model gives both layouts the same
+time within 0.1 %.
 """
 
 from __future__ import annotations
@@ -36,9 +37,11 @@ from typing import Mapping, NamedTuple
 import tvm
 
 from ..costing.session import CostingSession
+from ..kernels.fused import distinct_kernels
 from ..kernels.kernel_facts import kernel_flops
 from ..kernels.kinds import kernel_kind
-from .layout_plan import Prepared
+from ..support.memo import KeyedMemo
+from .layout_plan import Lowered
 
 logger = logging.getLogger("korch_tvm.data_layout")
 
@@ -65,12 +68,12 @@ class StockKernel(NamedTuple):
     kind: str = "memory"  # kernels/kinds.py
 
 
-def stock_kernels(prepared: Prepared) -> dict[str, StockKernel]:
-    """The distinct kernels of TVM's fusion groups in one layout's candidates, by key."""
-    found = prepared.found
-    uses = Counter(found.kernels.keys[i] for i, candidate in enumerate(found.candidates)
-                   if candidate.is_stock and found.kernels.keys[i] is not None)
-    modules = found.kernels.modules
+def stock_kernels(lowered: Lowered, built: KeyedMemo | None = None) -> dict[str, StockKernel]:
+    """The distinct kernels of TVM's fusion groups in one layout's graph, by key (built
+    through `built`, where the layout's plan finds them again)."""
+    kernels = distinct_kernels(lowered.graph, lowered.graph.stock_fusion_groups(), built)
+    uses = Counter(key for key in kernels.keys if key is not None)
+    modules = kernels.modules
     return {key: StockKernel(modules[key], count, kernel_flops(modules[key]),
                              kernel_kind(modules[key]["main"]))
             for key, count in uses.items()}
@@ -215,19 +218,21 @@ def layouts_to_plan(probes: Mapping[str, Probe | None], share: float) -> list[st
 
 
 class Screened(NamedTuple):
-    """`screen_layouts`' answer: the layouts to plan, and whether a layout per region is worth
-    costing after them (`regions_may_pay`; True where no probe ran)."""
+    """`screen_layouts`' answer: the layouts to plan (each `Lowered`, for its plan), and whether
+    a layout per region is worth costing after them (`regions_may_pay`; True where no probe
+    ran)."""
 
-    prepared: dict[str, Prepared]
+    lowered: dict[str, Lowered]
     regions_may_pay: bool = True
 
 
-def screen_layouts(prepared: Mapping[str, Prepared], session: CostingSession) -> Screened:
-    """`prepared` (each layout's `prepare_layout`) without the layouts the probe finds beaten
-    or not worth planning (`layouts_to_plan`), the fastest on the probe first."""
-    kernels = {layout: stock_kernels(each) for layout, each in prepared.items()}
-    if len(prepared) < 2 or any(len(each) < PROBE_MIN_KERNELS for each in kernels.values()):
-        return Screened(dict(prepared))
+def screen_layouts(lowered: Mapping[str, Lowered], session: CostingSession) -> Screened:
+    """`lowered` (each layout's `lower_layout`) without the layouts the probe finds beaten or
+    not worth planning (`layouts_to_plan`), the fastest on the probe first."""
+    kernels = {layout: stock_kernels(each, session.built_kernels)
+               for layout, each in lowered.items()}
+    if len(lowered) < 2 or any(len(each) < PROBE_MIN_KERNELS for each in kernels.values()):
+        return Screened(dict(lowered))
     probes = {}
     specific = layout_specific(kernels)
     for layout, stock in specific.items():
@@ -236,11 +241,11 @@ def screen_layouts(prepared: Mapping[str, Prepared], session: CostingSession) ->
         measured = {key: cost.seconds for key, cost in costs.items()
                     if cost.source in ("measured", "tuned", "log")}
         probes[layout] = probe_result(stock, measured) if len(measured) == len(probe) else None
-    share = max(differing_share(kernels[layout], specific[layout]) for layout in prepared)
+    share = max(differing_share(kernels[layout], specific[layout]) for layout in lowered)
     kept = layouts_to_plan(probes, share)
     regions = len(kept) < 2 or regions_may_pay(probes)
     # said either way: whether a compile plans one layout or two is most of a CNN's time
-    dropped = [layout for layout in prepared if layout not in kept]
+    dropped = [layout for layout in lowered if layout not in kept]
     logger.info("layout probe: %s%s (GFLOP/s, from each kind's heaviest kernels: %s; the "
                 "layouts differ in %.1f %% of the FLOPs)",
                 f"{', '.join(dropped)} not planned" if dropped else "every layout planned",
@@ -250,4 +255,4 @@ def screen_layouts(prepared: Mapping[str, Prepared], session: CostingSession) ->
                           for layout, probe in probes.items()), share * 100)
     if None not in probes.values():  # the fastest first: a later layout must beat its plan
         kept.sort(key=lambda layout: -probes[layout].rate)
-    return Screened({layout: prepared[layout] for layout in kept}, regions)
+    return Screened({layout: lowered[layout] for layout in kept}, regions)
