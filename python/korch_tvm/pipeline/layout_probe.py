@@ -23,7 +23,7 @@ layout that is faster on them is planned.
 A small model, quick to plan twice, is not probed. The probe's measurements go into the
 tuning log, its lowered graphs go to the plans, and the kernels it built are built for the
 plans too; the rest of a layout's candidates are enumerated and built only once the layout
-is kept (DenseNet-121: 2.4 s of kernels for the layout dropped). Predictions cannot stand in
+is kept (DenseNet-121: 2.3 s of kernels for the layout dropped). Predictions cannot stand in
 for the probe on a new machine: there a fresh log's cost model gives both layouts the same
 time within 0.1 %.
 """
