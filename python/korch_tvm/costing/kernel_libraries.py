@@ -88,13 +88,12 @@ def run_kernels(runner, inputs: list) -> list:
     """A future per RunnerInput, in order: kernels of one library timed from one load in the
     worker pool of `runner` (a LocalRunner), artifacts of their own by `runner.run`, as is
     everything for a runner with no such pool (one that stands in for it)."""
-    if not hasattr(runner, "pool") or not any(split_entry(str(i.artifact_path))
-                                              for i in inputs):
+    splits = [split_entry(str(item.artifact_path)) for item in inputs]
+    if not hasattr(runner, "pool") or not any(splits):
         return runner.run(inputs)
     futures: list = [None] * len(inputs)
     by_library = defaultdict(list)
-    for position, item in enumerate(inputs):
-        split = split_entry(str(item.artifact_path))
+    for position, (item, split) in enumerate(zip(inputs, splits)):
         if split is None:
             (futures[position],) = runner.run([item])
         else:
