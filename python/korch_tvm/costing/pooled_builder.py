@@ -50,7 +50,7 @@ class PooledBuilder:
         initializer, self.timeout_sec = builder_worker_settings(target, timeout_sec)
         self.scratch, self.linked, self.workers = scratch, linked, max(1, max_workers)
         self._pool = PopenPoolExecutor(
-            max_workers=max(1, max_workers), timeout=self.timeout_sec, initializer=initializer,
+            max_workers=self.workers, timeout=self.timeout_sec, initializer=initializer,
             maximum_process_uses=BUILDS_PER_WORKER // (LIBRARY_KERNELS if linked else 1))
 
     def build(self, inputs: Sequence) -> list:
