@@ -69,15 +69,18 @@ def test_cli_refuses_bad_flags_in_one_line_before_loading_the_model(tmp_path, ca
 
 
 _TUNED_COMPILE = textwrap.dedent("""
-    import json, os, sys, tempfile
+    import gc, json, os, sys, tempfile
     sys.path.insert(0, {tests!r})
     from conftest import make_tiny_onnx
     from korch_tvm.pipeline.compile import compile_model
     from korch_tvm.config import KorchConfig
     before = sorted(os.listdir(tempfile.gettempdir()))
-    _, report = compile_model(make_tiny_onnx(4, 8), korch=False,
-                              config=KorchConfig(trials=8, tuning_logs={logs!r}))
-    print(json.dumps({{"report": report, "temp_before": before,
+    executable, report = compile_model(make_tiny_onnx(4, 8), korch=False,
+                                       config=KorchConfig(trials=8, tuning_logs={logs!r}))
+    alive = sorted(os.listdir(tempfile.gettempdir()))
+    del executable  # its library's folder goes with it, once collected: TVMScript parsed
+    gc.collect()    # while tuning keeps its inspect.stack() in a cycle with our frames
+    print(json.dumps({{"report": report, "temp_before": before, "temp_alive": alive,
                       "temp_after": sorted(os.listdir(tempfile.gettempdir()))}}, default=str))
 """)
 
@@ -86,7 +89,8 @@ def test_config_trials_and_log_are_used_and_nothing_is_left_outside(tmp_path):
     """`compile_model(m, config=KorchConfig(trials=8, tuning_logs=DIR))` once compiled with 0
     trials and no log (its keyword defaults overwrote the config). The same tuned compile, run
     with its own HOME and TMPDIR, leaves nothing in either: ONNX Runtime's telemetry wrote
-    under ~/.cache and MetaSchedule's builders left a folder per candidate in the temp folder."""
+    under ~/.cache and MetaSchedule's builders left a folder per candidate in the temp folder
+    (the executable's own library stays there while the executable lives)."""
     logs, home, temp = tmp_path / "logs", tmp_path / "home", tmp_path / "tmp"
     home.mkdir()
     temp.mkdir()
@@ -105,6 +109,9 @@ def test_config_trials_and_log_are_used_and_nothing_is_left_outside(tmp_path):
     assert report["verification"]["passed"] and report["verification"]["reference"] == \
         "onnxruntime"
     assert list(home.iterdir()) == []  # no ~/.cache/Microsoft/DeveloperTools/.onnxruntime
+    # while the executable lives, the library it was loaded from is its one folder there
+    added = sorted(set(outcome["temp_alive"]) - set(outcome["temp_before"]))
+    assert len(added) == 1 and added[0].startswith("korch-tvm-library-"), added
     assert outcome["temp_after"] == outcome["temp_before"]
     assert list(temp.iterdir()) == [], list(temp.iterdir())
 

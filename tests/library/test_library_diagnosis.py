@@ -26,7 +26,7 @@ def test_the_diagnosis_keeps_the_library_gemm_and_blames_the_tvm_epilogue(
     path.parent.mkdir(parents=True)
     path.write_text(json.dumps({"format": 1, "seconds": {   # the bare GEMM wins, fused loses
         f"openblas.sgemm {GEMM}": 1e-7, f"openblas.sgemm+bias_n+relu {GEMM}": 1.0}}))
-    original_partition, original_build = korch.partition_module, compile_module.build
+    original_partition, original_build = korch.partition_module, compile_module.build_executable
     built = []
 
     def partition(plan, groups=None):      # the chosen kernel 1 (add + relu) computes wrong
@@ -42,7 +42,7 @@ def test_the_diagnosis_keeps_the_library_gemm_and_blames_the_tvm_epilogue(
         return original_build(mod, target)
 
     monkeypatch.setattr(korch, "partition_module", partition)
-    monkeypatch.setattr(compile_module, "build", build)
+    monkeypatch.setattr(compile_module, "build_executable", build)
     config = KorchConfig(tuning_logs=str(tmp_path), memory_limit="none", time_budget=0)
     with pytest.raises(KorchError) as error:
         compile_module.compile_model(matmul_model(), korch=True, config=config)

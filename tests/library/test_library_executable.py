@@ -4,17 +4,24 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 import tvm
 from tvm import relax
 
+from korch_tvm.backend.executable import build_executable
 from korch_tvm.library import LibraryExecutable, UseLibraryGemm, self_contained
 from test_library_export import CASES, FRESH_RUN, gemm_module
 
 
-def test_its_own_export_library_runs_in_a_fresh_process(blas_extension, tmp_path):
+@pytest.mark.parametrize("build", ["tvm.compile", "build_executable"])
+def test_its_own_export_library_runs_in_a_fresh_process(blas_extension, tmp_path, build):
     rewritten = UseLibraryGemm()(gemm_module({"plain": CASES["plain"]}))
-    executable = self_contained(tvm.compile(rewritten, target="llvm"), rewritten)
-    assert isinstance(executable, LibraryExecutable)
+    if build == "tvm.compile":
+        executable = self_contained(tvm.compile(rewritten, target="llvm"), rewritten)
+        assert isinstance(executable, LibraryExecutable)
+    else:  # what a compile returns: exported with the extension once, loaded, copied here
+        executable = build_executable(rewritten, tvm.target.Target("llvm"), threads=2)
+        assert isinstance(executable.built, LibraryExecutable)
     assert isinstance(executable, relax.VMExecutable)
     executable.export_library(str(tmp_path / "model.so"))   # what a user writes
     rng = np.random.default_rng(2)

@@ -17,10 +17,8 @@ microseconds. The search space comes from the target: `TuneContext(target=cuda)`
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import os
-import shutil
 import sys
 import tempfile
 import types
@@ -86,27 +84,6 @@ def export_into(directory: str | None, mod, linked: bool = False) -> str:
     path = os.path.join(tempfile.mkdtemp(), "kernel.so")
     mod.export_library(path)
     return path
-
-
-@contextlib.contextmanager
-def builder_scratch_directory():
-    """A temporary folder for this process's own temporary files during a compile (a
-    throw-away tuning log, a read-only seed log's copy), removed at the end.
-
-    Only Python's `tempfile.tempdir` of this process changes, and is restored after; the
-    environment (TMPDIR) is left alone, so the worker processes a compile starts keep the
-    user's temporary folder: builders export into their costing session's scratch folder
-    instead (`export_into`). One compile at a time per process, as TVM's own global state
-    already requires.
-    """
-    previous_folder = tempfile.tempdir
-    scratch = tempfile.mkdtemp(prefix="korch-tvm-scratch-")
-    tempfile.tempdir = scratch
-    try:
-        yield scratch
-    finally:
-        tempfile.tempdir = previous_folder
-        shutil.rmtree(scratch, ignore_errors=True)
 
 
 CPU_BUILDER_TIMEOUT = 60.0

@@ -16,17 +16,17 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from ..backend.cuda import build, check_device_code, is_cuda, no_device_reason
+from ..backend.cuda import check_device_code, is_cuda, no_device_reason
+from ..backend.executable import build_executable
 from ..backend.target import configure_threads, target_tag
 from ..backend.verify import (DEFAULT_TOLERANCE, compare, onnxruntime_opset_problem,
                               onnxruntime_outputs, random_inputs, run_executable)
 from ..config import KorchConfig
-from ..costing.metaschedule_setup import builder_scratch_directory
 from ..costing.session import CostingSession
 from ..errors import KorchError
+from ..support.scratch import scratch_directory
 from ..frontend.onnx_import import (check_activations_fit, import_onnx, input_dtypes, input_shapes,
                                     load_onnx)
-from ..library import self_contained
 
 logger = logging.getLogger("korch_tvm.compile")
 
@@ -52,8 +52,9 @@ def compile_model(model, target=None, *, korch: bool = True, tuning_logs: str | 
     built model's latency.
 
     Returns `(executable, report)`: a `tvm.relax.VMExecutable` (export it with
-    `export_library`, run it with `relax.VirtualMachine`; when the plan calls library kernels,
-    a `library.LibraryExecutable`, whose `export_library` links their extension in) and a
+    `export_library`, run it with `relax.VirtualMachine`; on the CPU a
+    `backend.executable.ExportedExecutable`, loaded from the library it was exported to once,
+    with any library kernels' extension linked in, so `export_library` copies it) and a
     JSON-friendly dict saying what was done (tuning, plan, verification error, latency when
     `measure_latency`).
 
@@ -76,10 +77,10 @@ def compile_model(model, target=None, *, korch: bool = True, tuning_logs: str | 
     # One costing session for the whole compile, fallback included: the log is read once and
     # the builders start once; it stays open through the build and the verification, which
     # read the plan's log (a throw-away one lives in the session's scratch folder).
-    with builder_scratch_directory(), CostingSession.open(config) as session:
+    with scratch_directory(), CostingSession.open(config) as session:
         optimized, plan = _optimize(source, config, korch, report, session)
         # calling library kernels, it exports with their extension linked in (library/export.py)
-        executable = self_contained(build(optimized, tvm_target), optimized)
+        executable = build_executable(optimized, tvm_target)
         report["compile_seconds"] = round(time.perf_counter() - started, 3)
         if is_cuda(tvm_target):
             report["device_code"] = check_device_code(executable, tvm_target)
@@ -202,7 +203,7 @@ def tune_model(model, target=None, *, korch: bool = True, tuning_logs: str | Non
         raise KorchError("tuning needs --tuning-logs DIR: without a log the results are lost")
     threads = configure_threads(config.num_threads)
     source = _load_source(model, input_shapes_override, check_verifier=False)
-    with builder_scratch_directory(), CostingSession.open(config) as session:
+    with scratch_directory(), CostingSession.open(config) as session:
         if korch and has_operators(source.relax_module):
             from .korch import plan_korch
 
@@ -247,7 +248,7 @@ def _mismatch_message(verification, plan, source, target, tolerance) -> str:
         names = [f"{KERNEL_PREFIX}{g}" for g, group in enumerate(groups)
                  if g in library and frozenset(group) == frozenset(plan.chosen_groups[g])]
         partition = use_library_kernels(korch.partition_module(plan, groups), names, target)
-        return build(rewrite(partition), target)
+        return build_executable(rewrite(partition), target)
 
     inputs = random_inputs(source.shapes, source.dtypes, 0)
     expected = reference_outputs(source, target, inputs)
@@ -289,7 +290,7 @@ def _stock_fallback(source, config, reason, report, session):
     the report keeps both verifications."""
     logger.warning("%s; falling back to the stock plan", reason)
     optimized, stock_report, _ = _run_path(source.relax_module, config, False, session)
-    executable = build(optimized, config.target)
+    executable = build_executable(optimized, config.target)
     verification = verify_executable(executable, config.target, source, config.verify_tolerance,
                                      tolerance_floor=_tolerance_floor(config.target))
     report["fallback"] = {"reason": reason, "path": "stock",
@@ -374,7 +375,7 @@ def reference_outputs(source: _Source, target, inputs, with_name: bool = False):
         reference = "onnxruntime"
     if expected is None:
         reference = "relax-unoptimised"
-        baseline = build(source.relax_module, target)
+        baseline = build_executable(source.relax_module, target)
         expected = run_executable(baseline, target, list(inputs.values()))
     return (expected, reference) if with_name else expected
 
