@@ -54,3 +54,22 @@ def test_kernels_around_one_contraction_share_an_anchor_and_others_do_not():
     assert kernel_flops(small) < VARIANT_MIN_FLOPS and variant_anchor(small) is None
     assert named_default_schedules(small, TARGET)[0][0] == RULE_FORM
     assert len(named_default_schedules(small, TARGET)) == 1
+
+
+def test_forms_made_from_one_prepared_kernel_equal_forms_made_alone():
+    """The forms share their first steps (inlining, kind rules), taken once and copied: each
+    form's module and trace are those of the rule run on the kernel from the start."""
+    from korch_tvm.backend.cpu_schedule import default_schedule
+    from korch_tvm.backend.schedule_variants import TILED_VARIANTS
+
+    kernel = matmul_kernel(256, 256, 256, relu=True, scaled_input=True)
+    named = dict(named_default_schedules(kernel, TARGET))
+    alone = {RULE_FORM: default_schedule(kernel, TARGET)}
+    alone.update({name: default_schedule(kernel, TARGET, untiled_fallback=False, **options)
+                  for name, options in TILED_VARIANTS.items() if name in named})
+    assert len(named) == len(alone) >= 3
+    for name, schedule in named.items():
+        assert tvm_ffi.structural_equal(schedule.mod, alone[name].mod), name
+        assert str(schedule.trace) == str(alone[name].trace), name
+    # the copies are independent: the prefix the forms share ends where the first begins
+    assert len({str(s.trace) for s in named.values()}) == len(named)

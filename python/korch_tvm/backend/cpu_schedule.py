@@ -41,6 +41,7 @@ the log rebuilds exactly the kernel that was measured.
 from __future__ import annotations
 
 import logging
+from typing import NamedTuple
 
 import tvm
 
@@ -76,7 +77,7 @@ DEFAULT_SCHEDULE_ATTR = "korch.default_schedule"  # marks a PrimFunc scheduled b
 def default_schedule(kernel_mod: tvm.IRModule, target, *, register_tiles: bool = True,
                      tile_rows: int = TILE_ROWS, vector_outer: bool = False,
                      pack_weights: bool = True, kind_rules: bool = True, columns: int = 1,
-                     untiled_fallback: bool = True):
+                     untiled_fallback: bool = True, prepared: Prepared | None = None):
     """The schedule of a standalone kernel (`{"main": PrimFunc}`), or None where the rule
     does not apply (the kernel then runs as written). A kernel whose register tile the
     schedule primitives refuse gets the rule without it; `register_tiles=False` asks for that
@@ -85,12 +86,14 @@ def default_schedule(kernel_mod: tvm.IRModule, target, *, register_tiles: bool =
     `schedule_variants.py`; `pack_weights=False` leaves the weights in the model's layout;
     `kind_rules=False` leaves out the per-kind rules (`cpu_rules.py`: the generic rule alone,
     as bench/kind_floor.py compares); `untiled_fallback=False`: None rather than the form
-    without tiles (a variant's untiled form is never the faster one)."""
+    without tiles (a variant's untiled form is never the faster one); `prepared`: the kernel's
+    `prepare(kernel_mod, kind_rules)`, made once for several forms."""
     cores = _cores(target)
+    prepared = prepared or prepare(kernel_mod, kind_rules)
     for tiles in ((True, False) if untiled_fallback else (True,)) if register_tiles else (False,):
         try:
-            schedule = _scheduled(kernel_mod, cores, tile_rows if tiles else 0, vector_outer,
-                                  kind_rules, columns if tiles else 1)
+            schedule = _scheduled(prepared, cores, tile_rows if tiles else 0, vector_outer,
+                                  columns if tiles else 1)
         except Exception as err:  # noqa: BLE001 - a form the rule does not cover
             logger.debug("no CPU default schedule%s: %s", " with register tiles" if tiles else "",
                          error_summary(str(err)))
@@ -104,30 +107,52 @@ def _cores(target) -> int:
     return max(1, int(target.attrs.get("num-cores", 1)))
 
 
-def _scheduled(kernel_mod: tvm.IRModule, cores: int, tile_rows: int, vector_outer: bool = False,
-               kind_rules: bool = True, columns: int = 1):
-    """The rule on every block; `tile_rows` 0: no register tiles; `vector_outer`: a tiled
-    block's loops in the order (vector's outer loop, other spatial loops); `columns`: vectors
-    per tile row."""
+class Prepared(NamedTuple):
+    """Where every form of the rule starts: the kernel's schedule with its injective blocks
+    inlined and the kind rules applied, and the blocks left; or why the rule does not apply."""
+
+    schedule: object | None
+    blocks: list
+    error: str | None = None
+
+
+def prepare(kernel_mod: tvm.IRModule, kind_rules: bool = True) -> Prepared:
+    """The steps all forms share, taken once (`Prepared`)."""
     from tvm.s_tir.dlight.analysis import normalize_prim_func
 
-    schedule = tvm.s_tir.Schedule(kernel_mod)
-    blocks = normalize_prim_func(schedule)
-    if blocks is None:
-        raise ValueError("the kernel has blocks dlight cannot normalize")
-    _inline_injective(schedule, [block.block_rv for block in blocks])
-    blocks = normalize_prim_func(schedule)
-    if blocks is None:
-        raise ValueError("the kernel has blocks dlight cannot normalize")
-    kept = apply_kind_rules(schedule, blocks, _row_loop, _tile_rows,
-                            _vector_width) if kind_rules else None
-    if kept is not None:
-        _inline_injective(schedule, [block.block_rv for block in normalize_prim_func(schedule)
-                                     if schedule.get(block.block_rv).name_hint not in kept])
+    try:
+        # errors rendered briefly: an inlining the schedule refuses is expected, and rendering
+        # the kernel into each message took a sixth of the rule's time
+        schedule = tvm.s_tir.Schedule(kernel_mod, error_render_level="fast")
         blocks = normalize_prim_func(schedule)
         if blocks is None:
             raise ValueError("the kernel has blocks dlight cannot normalize")
-    for block in blocks:
+        _inline_injective(schedule, [block.block_rv for block in blocks])
+        blocks = normalize_prim_func(schedule)
+        if blocks is None:
+            raise ValueError("the kernel has blocks dlight cannot normalize")
+        kept = apply_kind_rules(schedule, blocks, _row_loop, _tile_rows,
+                                _vector_width) if kind_rules else None
+        if kept is not None:
+            _inline_injective(schedule, [block.block_rv for block in normalize_prim_func(schedule)
+                                         if schedule.get(block.block_rv).name_hint not in kept])
+            blocks = normalize_prim_func(schedule)
+            if blocks is None:
+                raise ValueError("the kernel has blocks dlight cannot normalize")
+    except Exception as err:  # noqa: BLE001 - a kernel the rule does not cover
+        return Prepared(None, [], error_summary(str(err)))
+    return Prepared(schedule, blocks)
+
+
+def _scheduled(prepared: Prepared, cores: int, tile_rows: int, vector_outer: bool = False,
+               columns: int = 1):
+    """The rule on every block of a copy of `prepared`; `tile_rows` 0: no register tiles;
+    `vector_outer`: a tiled block's loops in the order (vector's outer loop, other spatial
+    loops); `columns`: vectors per tile row."""
+    if prepared.error is not None:
+        raise ValueError(prepared.error)
+    schedule = prepared.schedule.copy()  # the same random variables name the same blocks
+    for block in prepared.blocks:
         if _still_there(schedule, block.block_rv):  # not written back by a tile before it
             _schedule_block(schedule, block, cores, tile_rows, vector_outer, columns)
     return schedule
@@ -177,7 +202,7 @@ def inline_injective(func: tvm.tirx.PrimFunc) -> tvm.tirx.PrimFunc:
     """`func` with its injective intermediates inlined, as the default schedule starts."""
     from tvm.s_tir.dlight.analysis import normalize_prim_func
 
-    schedule = tvm.s_tir.Schedule(func)
+    schedule = tvm.s_tir.Schedule(func, error_render_level="fast")
     blocks = normalize_prim_func(schedule)
     if blocks is None:
         return func

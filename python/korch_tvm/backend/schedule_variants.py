@@ -32,7 +32,8 @@ import tvm
 import tvm_ffi
 
 from ..kernels.kernel_facts import kernel_blocks, kernel_flops
-from .cpu_schedule import PAIR_COLUMNS, WIDE_TILE_ROWS, default_schedule, with_packed_weights
+from .cpu_schedule import (PAIR_COLUMNS, WIDE_TILE_ROWS, default_schedule, prepare,
+                           with_packed_weights)
 
 VARIANT_MIN_FLOPS = 2e7  # 0.1 ms at a 2-core AVX-512 machine's peak
 RULE_FORM = "packed"  # the rule's own form: every kernel it applies to gets it
@@ -50,7 +51,8 @@ def named_default_schedules(kernel_mod: tvm.IRModule, target, kind_rules: bool =
     variants named in `forms` (None: all) for a kernel of at least `VARIANT_MIN_FLOPS`. A
     variant that schedules the kernel exactly like an earlier form is left out. Empty where
     the rule does not apply."""
-    plain = default_schedule(kernel_mod, target, pack_weights=False, kind_rules=kind_rules)
+    prepared = prepare(kernel_mod, kind_rules)  # what every form starts from, made once
+    plain = default_schedule(kernel_mod, target, pack_weights=False, prepared=prepared)
     if plain is None:
         return []
     schedules = [(RULE_FORM, with_packed_weights(plain, target))]
@@ -60,7 +62,7 @@ def named_default_schedules(kernel_mod: tvm.IRModule, target, kind_rules: bool =
         if forms is not None and name not in forms:
             continue
         variant = plain if name == "plain" else default_schedule(
-            kernel_mod, target, kind_rules=kind_rules, untiled_fallback=False,
+            kernel_mod, target, untiled_fallback=False, prepared=prepared,
             **TILED_VARIANTS[name])
         if variant is not None and not any(tvm_ffi.structural_equal(variant.mod, kept.mod)
                                            for _, kept in schedules):
