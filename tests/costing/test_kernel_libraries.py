@@ -126,3 +126,61 @@ def test_a_library_that_times_out_is_built_again_a_kernel_at_a_time():
     # libraries of two and one; the two timed out and were built again one by one
     assert pool.jobs == [2, 1, 1, 1] and all(r.error_msg is None for r in built)
     assert [split_entry(r.artifact_path)[0] for r in built] == ["/x/3.so", "/x/4.so", "/x/2.so"]
+
+
+class _StartingPool:
+    """A builder pool that records when each job is handed over (at the call, as the real
+    pool's threads take them) and builds each kernel as its own entry."""
+
+    def __init__(self):
+        self.handed = []
+
+    def map_with_error_catching(self, function, jobs):
+        from tvm.support.popen_pool import MapResult, StatusKind
+
+        jobs = list(jobs)
+        self.handed.append([len(mods) for mods, _, _ in jobs])
+        outcomes, start = [], sum(map(sum, self.handed[:-1]))  # kernels handed before
+        for mods, _, _ in jobs:
+            outcomes.append(MapResult(StatusKind.COMPLETE, [
+                (entry(f"/x/{start}.so", f"kernel_{start + i}"), None) for i in range(len(mods))]))
+            start += len(mods)
+        return iter(outcomes)
+
+
+def test_a_batch_hands_each_full_library_over_as_its_kernels_come():
+    kernels = legalized_kernels(8)
+    builder = PooledBuilder(TARGET, max_workers=2, timeout_sec=60, linked=True)
+    real, builder._pool = builder._pool, _StartingPool()
+    try:
+        pool, batch = builder._pool, builder.batch()
+        inputs = [ms.builder.BuilderInput(kernels["add"], TARGET)
+                  for _ in range(2 * LIBRARY_KERNELS + 3)]
+        batch.add(inputs[:5])
+        assert pool.handed == []                       # not a library's worth yet
+        batch.add(inputs[5:2 * LIBRARY_KERNELS + 1])   # two libraries full, one kernel over
+        assert pool.handed == [[LIBRARY_KERNELS], [LIBRARY_KERNELS]]
+        batch.add(inputs[2 * LIBRARY_KERNELS + 1:])
+        built = batch.results()                        # the three left, cut for two workers
+    finally:
+        builder._pool = real
+        builder.close()
+    assert pool.handed == [[LIBRARY_KERNELS], [LIBRARY_KERNELS], [2, 1]]
+    # one result per input, in order
+    assert [split_entry(r.artifact_path)[1] for r in built] == \
+        [f"kernel_{i}" for i in range(len(inputs))]
+
+
+def test_a_batch_builds_what_build_builds(tmp_path):
+    kernels = legalized_kernels(16)
+    mods = [kernels["add"], UNBUILDABLE] + [kernels["matmul"]] * LIBRARY_KERNELS
+    with PooledBuilder(TARGET, max_workers=2, scratch=str(tmp_path), linked=True) as builder:
+        batch = builder.batch()
+        for mod in mods:
+            batch.add([ms.builder.BuilderInput(mod, TARGET)])
+        built = batch.results()
+    assert [r.error_msg is None for r in built] == [True, False] + [True] * LIBRARY_KERNELS
+    # the first library (8 kernels) held the unbuildable one: its 7 others were built again a
+    # kernel at a time; the 2 kernels left at the end were cut into one library per worker
+    libraries = [split_entry(r.artifact_path)[0] for r in built if r.error_msg is None]
+    assert len(libraries) == len(set(libraries)) == LIBRARY_KERNELS + 1

@@ -168,16 +168,20 @@ def _measure_schedules(names, schedules_of, commit, target, builder, runner, dea
         chunk = names[start:start + group]
         outcomes = {name: [] for name in chunk}  # name -> [(secs, error, trace, role, form)]
         variants = []
-        for name in chunk:  # a kernel its schedules fail on fails alone, not its whole chunk
-            try:
-                variants += [(name, *schedule) for schedule in schedules_of(name)]
-            except Exception as err:  # noqa: BLE001 - TVM raises its own error types
-                raise_if_stopped()
-                outcomes[name].append((None, "not scheduled: " + error_summary(str(err)),
-                                       None, "default", None))
+        # the workers build each kernel's schedules while the next kernel's are made
+        batch = builder.batch() if hasattr(builder, "batch") else _WholeBuild(builder)
         try:
-            built = builder.build([ms.builder.BuilderInput(module, target)
-                                   for _, module, *_ in variants])
+            for name in chunk:  # a kernel its schedules fail on fails alone, not its chunk
+                try:
+                    made = [(name, *schedule) for schedule in schedules_of(name)]
+                except Exception as err:  # noqa: BLE001 - TVM raises its own error types
+                    raise_if_stopped()
+                    outcomes[name].append((None, "not scheduled: " + error_summary(str(err)),
+                                           None, "default", None))
+                    continue
+                variants += made
+                batch.add([ms.builder.BuilderInput(module, target) for _, module, *_ in made])
+            built = batch.results()
         except Exception as err:  # noqa: BLE001 - a builder crash fails this chunk only
             raise_if_stopped()
             built = [ms.builder.BuilderResult(None, f"builder crashed: {err}") for _ in variants]
@@ -208,6 +212,20 @@ def _measure_schedules(names, schedules_of, commit, target, builder, runner, dea
         for name in chunk:
             costs[name] = commit(name, outcomes[name])
     return costs
+
+
+class _WholeBuild:
+    """A builder without batches (MetaSchedule's own) behind `PooledBuilder.batch`'s face: it
+    builds everything added at the end."""
+
+    def __init__(self, builder):
+        self.builder, self.inputs = builder, []
+
+    def add(self, inputs) -> None:
+        self.inputs += inputs
+
+    def results(self) -> list:
+        return self.builder.build(self.inputs)
 
 
 def _commit_fastest(tuning_log: TuningLog, kernel_mod: tvm.IRModule, name: str,

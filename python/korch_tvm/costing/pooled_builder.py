@@ -11,7 +11,7 @@ this machine are built several to a library (kernel_libraries.py).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 from .kernel_libraries import LIBRARY_KERNELS, build_library_job, library_groups
 
@@ -62,14 +62,36 @@ class PooledBuilder:
         return [result for results, _ in self._built_groups([[i] for i in inputs], _archive_job)
                 for result in results]
 
+    def batch(self) -> BuildBatch:
+        """A build whose inputs come one kernel's schedules at a time: each full library
+        starts building while the caller makes the next schedules (`BuildBatch`)."""
+        return BuildBatch(self)
+
     def _build_libraries(self, inputs: Sequence) -> list:
-        """BuilderResults of `inputs` built into libraries; the kernels of a library that timed
-        out are built again one to a library, so that a slow build fails only itself."""
-        groups = library_groups(list(inputs), self.workers)
-        built = self._built_groups(groups, build_library_job)
-        retried = iter(self._built_groups([[item] for (_, timed_out), group in zip(built, groups)
-                                           if timed_out and len(group) > 1 for item in group],
-                                          build_library_job))
+        """BuilderResults of `inputs` built into libraries."""
+        inputs = list(inputs)
+        return self._finished(inputs, [self._started(library_groups(inputs, self.workers))])
+
+    def _started(self, groups: list) -> tuple[list, Iterator]:
+        """(groups, their outcomes to come): the libraries of `groups` handed to the workers
+        (the pool takes them at once; reading an outcome waits for it)."""
+        return groups, self._pool.map_with_error_catching(
+            lambda args: build_library_job(*args),
+            [([i.mod for i in group], group[0].target, self.scratch) for group in groups])
+
+    def _finished(self, inputs: list, started: list) -> list:
+        """The BuilderResults of `inputs`, in order, from their `started` libraries; the
+        kernels of a library that timed out are built again one to a library, so that a slow
+        build fails only itself."""
+        groups, built = [], []
+        for started_groups, outcomes in started:
+            for group, outcome in zip(started_groups, outcomes):
+                groups.append(group)
+                built.append(self._result(group, outcome))
+        assert [item for group in groups for item in group] == inputs
+        again = [[item] for (_, timed_out), group in zip(built, groups)
+                 if timed_out and len(group) > 1 for item in group]
+        retried = iter(self._built_groups(again, build_library_job) if again else [])
         results = []
         for (group_results, timed_out), group in zip(built, groups):
             if timed_out and len(group) > 1:
@@ -80,22 +102,22 @@ class PooledBuilder:
     def _built_groups(self, groups: list, job) -> list:
         """Per group of inputs, built by `job(mods, target, scratch)` in a worker:
         ([BuilderResult], whether the job timed out)."""
+        return [self._result(group, outcome) for group, outcome in zip(
+            groups, self._pool.map_with_error_catching(
+                lambda args: job(*args),
+                [([i.mod for i in group], group[0].target, self.scratch) for group in groups]))]
+
+    def _result(self, group: list, outcome) -> tuple[list, bool]:
+        """([BuilderResult] of `group`, whether its job timed out) from the job's outcome."""
         from tvm.s_tir.meta_schedule.builder import BuilderResult
         from tvm.support.popen_pool import StatusKind
 
-        built = []
-        for group, outcome in zip(groups, self._pool.map_with_error_catching(
-                lambda args: job(*args),
-                [([i.mod for i in group], group[0].target, self.scratch) for group in groups])):
-            if outcome.status == StatusKind.COMPLETE:
-                built.append(([BuilderResult(artifact, error)
-                               for artifact, error in outcome.value], False))
-                continue
-            timed_out = outcome.status == StatusKind.TIMEOUT
-            error = (f"build timed out (killed after {self.timeout_sec:.0f} s)" if timed_out
-                     else f"build failed: {outcome.value}")
-            built.append(([BuilderResult(None, error) for _ in group], timed_out))
-        return built
+        if outcome.status == StatusKind.COMPLETE:
+            return [BuilderResult(artifact, error) for artifact, error in outcome.value], False
+        timed_out = outcome.status == StatusKind.TIMEOUT
+        error = (f"build timed out (killed after {self.timeout_sec:.0f} s)" if timed_out
+                 else f"build failed: {outcome.value}")
+        return [BuilderResult(None, error) for _ in group], timed_out
 
     def close(self) -> None:
         self._pool.shutdown()
@@ -105,3 +127,39 @@ class PooledBuilder:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+class BuildBatch:
+    """Inputs added a few at a time (`add`), their `results()` in order at the end.
+
+    On a machine of few cores the caller's scheduling and the workers' builds used to take
+    turns; here each full library (`LIBRARY_KERNELS` inputs) is handed to the workers as soon
+    as its schedules are made, and what is left at the end is cut among the workers as
+    `build` cuts it. Without a linked builder, every input is built at the end."""
+
+    def __init__(self, builder: PooledBuilder):
+        self.builder = builder
+        self.inputs: list = []
+        self.started: list = []  # [(groups, their outcomes to come)]
+        self._waiting = 0  # inputs at the end of `inputs` not handed over yet
+
+    def add(self, inputs: Sequence) -> None:
+        self.inputs += inputs
+        self._waiting += len(inputs)
+        if not self.builder.linked:
+            return
+        while self._waiting >= LIBRARY_KERNELS:
+            start = len(self.inputs) - self._waiting
+            library = self.inputs[start:start + LIBRARY_KERNELS]
+            self.started.append(self.builder._started([library]))
+            self._waiting -= LIBRARY_KERNELS
+
+    def results(self) -> list:
+        """One BuilderResult per input added, in order."""
+        if not self.builder.linked:
+            return self.builder.build(self.inputs)
+        rest = self.inputs[len(self.inputs) - self._waiting:]
+        if rest:
+            self.started.append(self.builder._started(library_groups(rest, self.builder.workers)))
+        self._waiting = 0
+        return self.builder._finished(self.inputs, self.started)
