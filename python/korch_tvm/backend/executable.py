@@ -2,7 +2,7 @@
 
 Run in process, a freshly built executable JIT-compiles its LLVM module (DenseNet-121: 10 s on
 one thread), and the user's `export_library` then emits the same object code again. Exporting
-once, on several threads (backend/parallel_codegen.py), and loading that library gives an
+once, on several threads (support/parallel_codegen.py), and loading that library gives an
 executable that runs at once, is exactly the file the user gets (so verification checks the
 library that ships), and exports again as a copy.
 """
@@ -22,7 +22,7 @@ from ..library.extension import link_inputs
 from ..support.scratch import user_temporary_folder
 from ..target_spec import host_core_count
 from .cuda import build, is_cuda
-from .parallel_codegen import SHARED_LIBRARY_SUFFIXES, build_in_parts, export_in_parts
+from ..support.parallel_codegen import SHARED_LIBRARY_SUFFIXES, build_in_parts, export_in_parts
 
 
 class ExportedExecutable(relax.VMExecutable):

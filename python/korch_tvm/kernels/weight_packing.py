@@ -27,6 +27,8 @@ import numpy as np
 import tvm
 from tvm import relax
 
+from ..support.parallel_codegen import library_in_parts
+from ..target_spec import host_core_count
 from .kernel_facts import kernel_blocks
 
 LAYOUT_FREE_ATTR = "layout_free_buffers"
@@ -178,7 +180,9 @@ class _PrepackEvaluator:
     """Builds every weight-prepack PrimFunc once (for the host CPU) and runs it on constants.
 
     Built without LLVM's optimizations: each runs once, on a few megabytes, and optimizing
-    them took longer than running them (a warm DenseNet-121 compile: 5.7 -> 4.1 s here)."""
+    them took longer than running them (a warm DenseNet-121 compile: 5.7 -> 4.1 s here); and
+    on one thread per core into a library loaded at once, not JIT-compiled on one thread
+    (DenseNet-121's 155: 3.1 s of JIT)."""
 
     def __init__(self, funcs: dict):
         self.funcs = funcs
@@ -187,7 +191,8 @@ class _PrepackEvaluator:
     def __call__(self, name: str, args: list, out_types: list) -> list:
         if self._library is None:
             module = tvm.IRModule({n: f.with_attr("global_symbol", n) for n, f in self.funcs.items()})
-            self._library = tvm.compile(module, target={"kind": "llvm", "opt-level": 0})
+            self._library = library_in_parts(module, {"kind": "llvm", "opt-level": 0},
+                                             host_core_count())
         device = tvm.cpu()
         inputs = [tvm.runtime.tensor(arg.value.numpy(), device) for arg in args]
         outputs = [tvm.runtime.tensor(np.empty([int(d) for d in ty.shape.values], str(ty.dtype)),

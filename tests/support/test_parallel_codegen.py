@@ -14,7 +14,7 @@ from tvm.script import ir as I
 from tvm.script import relax as R
 
 from korch_tvm.backend.executable import ExportedExecutable, build_executable
-from korch_tvm.backend.parallel_codegen import balanced_groups, build_in_parts, export_in_parts
+from korch_tvm.support.parallel_codegen import balanced_groups, build_in_parts, export_in_parts
 from korch_tvm.support.scratch import scratch_directory, user_temporary_folder
 
 TARGET = tvm.target.Target({"kind": "llvm"})
@@ -113,3 +113,21 @@ def test_one_part_is_plain_tvm_compile_and_more_parts_than_kernels_are_fewer(par
                   if isinstance(f, tvm.tirx.PrimFunc))
     assert len(built.mod._collect_dso_modules()) == min(parts, kernels)
     np.testing.assert_allclose(run(built), expected(), rtol=1e-5)
+
+
+def test_primfuncs_built_in_parts_into_a_loaded_library_run_and_leave_no_file(tmp_path):
+    from korch_tvm.support.parallel_codegen import library_in_parts
+
+    kernels = {gv.name_hint: f.with_attr("global_symbol", gv.name_hint)
+               for gv, f in small_module().functions_items() if isinstance(f, tvm.tirx.PrimFunc)}
+    tempfile.tempdir = str(tmp_path)  # where the library is linked, for a moment
+    try:
+        library = library_in_parts(tvm.IRModule(kernels), {"kind": "llvm", "opt-level": 0}, 2)
+    finally:
+        tempfile.tempdir = None
+    assert list(tmp_path.iterdir()) == []
+    assert library.kind == "library" and all(library.implements_function(n) for n in kernels)
+    x, w = inputs()
+    out = tvm.runtime.tensor(np.empty((4, 8), "float32"))
+    library["matmul"](tvm.runtime.tensor(x), tvm.runtime.tensor(w), out)
+    np.testing.assert_allclose(out.numpy(), x @ w, rtol=1e-5)

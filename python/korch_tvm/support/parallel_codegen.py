@@ -9,7 +9,7 @@ executable is the one `tvm.compile` makes (the same Relax pipeline, bytecode, co
 first LLVM module imports the others, as TVM's own build imports device modules.
 
 Relies on `tvm.relax.vm_build`'s codegen and link steps and the runtime's import packing, which
-are private to TVM 0.27 (pinned): tests/backend/test_parallel_codegen.py checks them.
+are private to TVM 0.27 (pinned): tests/support/test_parallel_codegen.py checks them.
 """
 
 from __future__ import annotations
@@ -93,6 +93,21 @@ def export_in_parts(executable, path: str, addons=(), options=(), threads: int =
         runtime_api.ModulePackImportsToLLVM(executable.mod, False, target, "").write_to_file(
             packed)
         cc.create_shared(str(path), objects + [packed] + list(addons), options=list(options))
+
+
+def library_in_parts(tir_mod: tvm.IRModule, target, parts: int) -> tvm.runtime.Module:
+    """tir_mod's PrimFuncs (each with its global symbol) compiled on up to `parts` threads
+    into one shared library, and loaded: what running them costs where the JIT would compile
+    the whole module on one thread first. The file goes at once (the library stays mapped)."""
+    from tvm.support import cc
+
+    modules = _built_parts(tir_mod, tvm.target.Target(target), parts)
+    with tempfile.TemporaryDirectory(prefix="korch-tvm-library-") as folder:
+        objects = [os.path.join(folder, f"lib{index}.o") for index in range(len(modules))]
+        _on_threads(lambda pair: pair[0].write_to_file(pair[1]), list(zip(modules, objects)))
+        path = os.path.join(folder, "library.so")
+        cc.create_shared(path, objects)
+        return tvm.runtime.load_module(path)
 
 
 def _on_threads(work, items: list, threads: int | None = None) -> list:
