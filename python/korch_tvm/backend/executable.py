@@ -19,10 +19,10 @@ from tvm import relax
 
 from ..library import LibraryExecutable, self_contained
 from ..library.extension import link_inputs
+from ..support.parallel_codegen import SHARED_LIBRARY_SUFFIXES, build_in_parts, export_in_parts
 from ..support.scratch import user_temporary_folder
 from ..target_spec import host_core_count
 from .cuda import build, is_cuda
-from ..support.parallel_codegen import SHARED_LIBRARY_SUFFIXES, build_in_parts, export_in_parts
 
 
 class ExportedExecutable(relax.VMExecutable):

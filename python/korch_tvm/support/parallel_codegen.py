@@ -84,9 +84,7 @@ def export_in_parts(executable, path: str, addons=(), options=(), threads: int =
     from tvm.support import cc
 
     with tempfile.TemporaryDirectory(prefix="korch-tvm-export-") as workspace:
-        objects = [os.path.join(workspace, f"lib{index}.o") for index in range(len(modules))]
-        _on_threads(lambda pair: pair[0].write_to_file(pair[1]), list(zip(modules, objects)),
-                    threads)
+        objects = _emitted(modules, workspace, threads)
         # the Relax executable and its import tree, as TVM's export packs them
         packed = os.path.join(workspace, "devc.o")
         target = modules[0]["_get_target_string"]()
@@ -103,11 +101,18 @@ def library_in_parts(tir_mod: tvm.IRModule, target, parts: int) -> tvm.runtime.M
 
     modules = _built_parts(tir_mod, tvm.target.Target(target), parts)
     with tempfile.TemporaryDirectory(prefix="korch-tvm-library-") as folder:
-        objects = [os.path.join(folder, f"lib{index}.o") for index in range(len(modules))]
-        _on_threads(lambda pair: pair[0].write_to_file(pair[1]), list(zip(modules, objects)))
+        objects = _emitted(modules, folder, parts)
         path = os.path.join(folder, "library.so")
         cc.create_shared(path, objects)
         return tvm.runtime.load_module(path)
+
+
+def _emitted(modules: list, folder: str, threads: int) -> list[str]:
+    """The object files of LLVM `modules`, written into `folder` on up to `threads` threads."""
+    objects = [os.path.join(folder, f"lib{index}.o") for index in range(len(modules))]
+    _on_threads(lambda pair: pair[0].write_to_file(pair[1]), list(zip(modules, objects)),
+                threads)
+    return objects
 
 
 def _on_threads(work, items: list, threads: int | None = None) -> list:
