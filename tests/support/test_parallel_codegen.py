@@ -131,3 +131,16 @@ def test_primfuncs_built_in_parts_into_a_loaded_library_run_and_leave_no_file(tm
     out = tvm.runtime.tensor(np.empty((4, 8), "float32"))
     library["matmul"](tvm.runtime.tensor(x), tvm.runtime.tensor(w), out)
     np.testing.assert_allclose(out.numpy(), x @ w, rtol=1e-5)
+
+
+def test_where_nothing_can_link_the_executable_runs_from_memory(monkeypatch, caplog):
+    from korch_tvm.backend import executable as module
+
+    def no_linker(*args, **kwargs):
+        raise RuntimeError("Compilation error: g++: not found")
+
+    monkeypatch.setattr(module, "export_in_parts", no_linker)
+    built = build_executable(small_module(), TARGET, threads=2)
+    assert not isinstance(built, ExportedExecutable)
+    assert "cannot be linked here (Compilation error: g++: not found)" in caplog.text
+    np.testing.assert_allclose(run(built), expected(), rtol=1e-5)

@@ -9,6 +9,7 @@ library that ships), and exports again as a copy.
 
 from __future__ import annotations
 
+import logging
 import shutil
 import tempfile
 import weakref
@@ -17,12 +18,15 @@ from pathlib import Path
 import tvm
 from tvm import relax
 
+from ..errors import error_summary
 from ..library import LibraryExecutable, self_contained
 from ..library.extension import link_inputs
 from ..support.parallel_codegen import SHARED_LIBRARY_SUFFIXES, build_in_parts, export_in_parts
 from ..support.scratch import user_temporary_folder
 from ..target_spec import host_core_count
 from .cuda import build, is_cuda
+
+logger = logging.getLogger("korch_tvm.build")
 
 
 class ExportedExecutable(relax.VMExecutable):
@@ -60,6 +64,12 @@ def build_executable(mod: tvm.IRModule, target, threads: int | None = None):
     try:
         export_in_parts(built, str(path), addons, options, threads)
         return ExportedExecutable(built, path)
+    except RuntimeError as err:  # no C compiler or linker here: run it in process (JIT)
+        shutil.rmtree(path.parent, ignore_errors=True)
+        logger.warning("the library cannot be linked here (%s); the executable runs from "
+                       "memory, and export_library will fail the same way",
+                       error_summary(str(err)))
+        return built
     except BaseException:
         shutil.rmtree(path.parent, ignore_errors=True)
         raise
