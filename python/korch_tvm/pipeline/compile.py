@@ -24,9 +24,9 @@ from ..backend.verify import (DEFAULT_TOLERANCE, compare, onnxruntime_opset_prob
 from ..config import KorchConfig
 from ..costing.session import CostingSession
 from ..errors import KorchError
-from ..support.scratch import scratch_directory
 from ..frontend.onnx_import import (check_activations_fit, import_onnx, input_dtypes, input_shapes,
                                     load_onnx)
+from ..support.scratch import scratch_directory
 
 logger = logging.getLogger("korch_tvm.compile")
 
@@ -79,7 +79,7 @@ def compile_model(model, target=None, *, korch: bool = True, tuning_logs: str | 
     # read the plan's log (a throw-away one lives in the session's scratch folder).
     with scratch_directory(), CostingSession.open(config) as session:
         optimized, plan = _optimize(source, config, korch, report, session)
-        # calling library kernels, it exports with their extension linked in (library/export.py)
+        # exported once, with any library kernels' extension linked in, and loaded from that
         executable = build_executable(optimized, tvm_target)
         report["compile_seconds"] = round(time.perf_counter() - started, 3)
         if is_cuda(tvm_target):
