@@ -160,6 +160,7 @@ def _measure_schedules(names, schedules_of, commit, target, builder, runner, dea
 
     Outcomes are [(run seconds or None, error, trace, role, form)]. Kernels go in groups, between
     which Ctrl-C and the deadline are checked; the progress line moves per kernel measured.
+    `builder` is a `PooledBuilder`: its batch builds while the next schedules are made.
     """
     from tvm.s_tir import meta_schedule as ms
 
@@ -173,7 +174,7 @@ def _measure_schedules(names, schedules_of, commit, target, builder, runner, dea
         outcomes = {name: [] for name in chunk}  # name -> [(secs, error, trace, role, form)]
         variants = []
         # the workers build each kernel's schedules while the next kernel's are made
-        batch = builder.batch() if hasattr(builder, "batch") else _WholeBuild(builder)
+        batch = builder.batch()
         try:
             for name in chunk:  # a kernel its schedules fail on fails alone, not its chunk
                 try:
@@ -216,20 +217,6 @@ def _measure_schedules(names, schedules_of, commit, target, builder, runner, dea
         for name in chunk:
             costs[name] = commit(name, outcomes[name])
     return costs
-
-
-class _WholeBuild:
-    """A builder without batches (MetaSchedule's own) behind `PooledBuilder.batch`'s face: it
-    builds everything added at the end."""
-
-    def __init__(self, builder):
-        self.builder, self.inputs = builder, []
-
-    def add(self, inputs) -> None:
-        self.inputs += inputs
-
-    def results(self) -> list:
-        return self.builder.build(self.inputs)
 
 
 def _commit_fastest(tuning_log: TuningLog, kernel_mod: tvm.IRModule, name: str,

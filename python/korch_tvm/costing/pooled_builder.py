@@ -72,11 +72,12 @@ class PooledBuilder:
         inputs = list(inputs)
         return self._finished(inputs, [self._started(library_groups(inputs, self.workers))])
 
-    def _started(self, groups: list) -> tuple[list, Iterator]:
-        """(groups, their outcomes to come): the libraries of `groups` handed to the workers
-        (the pool takes them at once; reading an outcome waits for it)."""
+    def _started(self, groups: list, job=build_library_job) -> tuple[list, Iterator]:
+        """(groups, their outcomes to come): each group handed to a worker as
+        `job(mods, target, scratch)` (the pool takes them at once; reading an outcome waits
+        for it)."""
         return groups, self._pool.map_with_error_catching(
-            lambda args: build_library_job(*args),
+            lambda args: job(*args),
             [([i.mod for i in group], group[0].target, self.scratch) for group in groups])
 
     def _finished(self, inputs: list, started: list) -> list:
@@ -102,10 +103,8 @@ class PooledBuilder:
     def _built_groups(self, groups: list, job) -> list:
         """Per group of inputs, built by `job(mods, target, scratch)` in a worker:
         ([BuilderResult], whether the job timed out)."""
-        return [self._result(group, outcome) for group, outcome in zip(
-            groups, self._pool.map_with_error_catching(
-                lambda args: job(*args),
-                [([i.mod for i in group], group[0].target, self.scratch) for group in groups]))]
+        return [self._result(group, outcome)
+                for group, outcome in zip(*self._started(groups, job))]
 
     def _result(self, group: list, outcome) -> tuple[list, bool]:
         """([BuilderResult] of `group`, whether its job timed out) from the job's outcome."""
