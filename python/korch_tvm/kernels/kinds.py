@@ -270,7 +270,8 @@ def _static_extent(iter_var) -> int:
 def _inlined(func: tvm.tirx.PrimFunc) -> tvm.tirx.PrimFunc:
     """`func` with every block that can be inlined into its consumers inlined (as the CPU
     default schedule starts), so a matmul's loads show the layout it really reads."""
-    schedule = tvm.s_tir.Schedule(tvm.IRModule({"main": func}))
+    # errors rendered briefly: refusals are expected, and a detailed one costs 5x a brief one
+    schedule = tvm.s_tir.Schedule(tvm.IRModule({"main": func}), error_render_level="fast")
     changed = True
     while changed:
         changed = False

@@ -22,6 +22,7 @@ import tvm
 from tvm import s_tir, tirx
 from tvm.sym.analyzer import Analyzer
 
+from ..kernels.kernel_facts import kernel_blocks
 from .epilogue_match import EpilogueMatcher, EpilogueStep
 
 _INT32_MAX = 2**31 - 1
@@ -193,12 +194,21 @@ def _is_scheduled(func) -> bool:
     return func.attrs is not None and bool(func.attrs.get("tirx.is_scheduled", False))
 
 
+def count_reductions(kernel_mod: tvm.IRModule) -> int:
+    """Blocks of the kernel's `main` with a reduction iterator."""
+    return sum(any(iv.iter_type == tirx.IterVar.CommReduce for iv in block.iter_vars)
+               for block in kernel_blocks(kernel_mod))
+
+
 def _gemm_and_output_blocks(kernel_mod: tvm.IRModule):
     """(the GEMM block, the output block after it or None) once every other block (pure
     data-movement producers of the GEMM's operands, elementwise blocks of its epilogue) is
     inlined; None when that leaves anything else."""
+    if count_reductions(kernel_mod) != 1:   # asked of every kernel: decided without a schedule
+        return None
     try:
-        schedule = tvm.s_tir.Schedule(kernel_mod)
+        # errors rendered briefly: an inlining refused is an answer here, not a fault
+        schedule = tvm.s_tir.Schedule(kernel_mod, error_render_level="fast")
         root = schedule.get_sblock("root", func_name="main")
         blocks = list(schedule.get_child_blocks(root))
         reductions = [b for b in blocks if any(iv.iter_type == tirx.IterVar.CommReduce
