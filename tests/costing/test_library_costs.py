@@ -11,11 +11,14 @@ from korch_tvm.costing.kernel_costs import (KernelCost, LibraryTime, cheaper_of,
                                             default_schedule_costs, summarize)
 from korch_tvm.costing.library_costs import (LIBRARY_TIMES_FILE, LibraryTimes, entry_key,
                                              read_library_times)
+from korch_tvm.costing.metaschedule_setup import SAMPLES
 from korch_tvm.library import GemmSpec
 
 SPEC = GemmSpec(batch_shape=(12,), m=197, n=197, k=64, transpose_a=False, transpose_b=True,
                 a_batched=True, b_batched=True, a_input=0, b_input=1)
 KEY = "openblas.sbgemm batch=12 m=197 n=197 k=64 ta=0 tb=1 ab=1 bb=1"
+# three rounds, each of as many cold runs as the runner times of a TVM kernel
+COLD_ROUNDS = [(SAMPLES, True)] * 3
 
 
 class TimedCall:
@@ -24,8 +27,8 @@ class TimedCall:
     def __init__(self, seconds=1e-3, name="openblas.sbgemm", spec=SPEC):
         self.name, self.spec, self.seconds, self.calls = name, spec, seconds, []
 
-    def measure(self, cold=False):
-        self.calls.append(cold)
+    def measure(self, repeats=7, cold=False):
+        self.calls.append((repeats, cold))
         return self.seconds
 
 
@@ -37,7 +40,7 @@ def test_times_are_measured_once_and_read_back_by_a_second_compile(tmp_path):
     call = TimedCall(2.5e-4)
     first = LibraryTimes(str(tmp_path))
     assert first.seconds(call) == (2.5e-4, True) and first.seconds(call) == (2.5e-4, True)
-    assert call.calls == [True] * 3 and first.measured == 1  # cold, like TVM kernels
+    assert call.calls == COLD_ROUNDS and first.measured == 1
     saved = json.loads((tmp_path / LIBRARY_TIMES_FILE).read_text())
     assert saved == {"format": 1, "seconds": {KEY: 2.5e-4}}
     second, again = LibraryTimes(str(tmp_path)), TimedCall(9.0)
@@ -54,7 +57,7 @@ def test_a_corrupt_file_is_refused_in_one_line_and_measured_again(tmp_path, capl
     assert len(caplog.records) == 1 and "\n" not in caplog.records[0].getMessage()
     assert "measuring them again" in caplog.records[0].getMessage()
     call = TimedCall(3e-4)
-    assert times.seconds(call) == (3e-4, True) and call.calls == [True] * 3
+    assert times.seconds(call) == (3e-4, True) and call.calls == COLD_ROUNDS
     assert read_library_times(str(tmp_path / LIBRARY_TIMES_FILE)) == {KEY: 3e-4}
 
 
@@ -78,7 +81,7 @@ def test_a_bad_entry_is_refused_and_measured_again(tmp_path, caplog, key, second
     assert len(messages) == 1 and reason in messages[0] and "refused" in messages[0]
     call = TimedCall(4e-4, name=key.split()[0] if key.startswith("openblas") else
                      "openblas.sbgemm")
-    assert times.seconds(call) == (4e-4, True) and call.calls == [True] * 3  # not the file's
+    assert times.seconds(call) == (4e-4, True) and call.calls == COLD_ROUNDS  # not the file's
     assert read_library_times(str(tmp_path / LIBRARY_TIMES_FILE)) == {KEY: 4e-4, good: 1e-5}
 
 
@@ -219,7 +222,7 @@ def test_library_kernel_names_are_the_partition_names_of_library_costs():
 def test_a_time_is_the_least_of_its_rounds(tmp_path):
     call = TimedCall()
     rounds = iter([5e-3, 1e-4, 2e-3])
-    call.measure = lambda cold=False: next(rounds)
+    call.measure = lambda repeats=7, cold=False: next(rounds)
     assert LibraryTimes(str(tmp_path)).seconds(call) == (1e-4, True)
 
 

@@ -31,6 +31,7 @@ from ..library import Implementation, implementations_for
 from ..support.pool_spin import note_parallel_work
 from ..support.safe_io import write_text_atomically
 from .kernel_costs import KernelCost, LibraryTime, cheaper_of
+from .metaschedule_setup import SAMPLES
 
 logger = logging.getLogger("korch_tvm.library_costs")
 
@@ -145,8 +146,13 @@ class LibraryTimes:
             return None
         if time.perf_counter() - self._last_measured > 1.0:   # the first of a batch
             time.sleep(SETTLE_SECONDS)
-        cold = not implementation.name.startswith("cublas.")   # the CPU's calls: timed cold
-        seconds = min(implementation.measure(cold=cold) for _ in range(MEASURE_ROUNDS))
+        if implementation.name.startswith("cublas."):
+            rounds = (implementation.measure() for _ in range(MEASURE_ROUNDS))
+        else:  # the CPU's calls: cold, each run after a flush of its operands (most of its
+            # time), as many runs a round as the runner times of a TVM kernel
+            rounds = (implementation.measure(repeats=SAMPLES, cold=True)
+                      for _ in range(MEASURE_ROUNDS))
+        seconds = min(rounds)
         note_parallel_work()  # the call ran on this process's TVM pool
         assert entry_problem(key, seconds) is None, f"{key}: measured {seconds!r}"
         self._times[key] = seconds
