@@ -185,8 +185,8 @@ def test_a_13x13_map_gets_13_tile_rows():
 
 
 @pytest.mark.parametrize("rows, depth, width, expected", [
-    (64, 512, 1024, ["rule", "wide", "vector outer", "pair"]),
-    (26, 512, 1024, ["rule", "vector outer", "pair"]),  # 13 rows either way: no wide tile
+    (64, 512, 1024, ["rule", "wide", "vector outer", "pair", "vector outer pair"]),
+    (26, 512, 1024, ["rule", "vector outer", "pair", "vector outer pair"]),  # 13 rows: no wide
     (64, 32, 48, ["rule"]),                      # under VARIANT_MIN_FLOPS
 ])
 def test_large_kernels_get_the_variants_that_differ_from_the_rule(rows, depth, width, expected):
@@ -198,7 +198,9 @@ def test_large_kernels_get_the_variants_that_differ_from_the_rule(rows, depth, w
     forms = {"rule": default_schedule(mod, TARGET),
              "wide": default_schedule(mod, TARGET, tile_rows=WIDE_TILE_ROWS),
              "vector outer": default_schedule(mod, TARGET, vector_outer=True),
-             "pair": default_schedule(mod, TARGET, columns=PAIR_COLUMNS)}
+             "pair": default_schedule(mod, TARGET, columns=PAIR_COLUMNS),
+             "vector outer pair": default_schedule(mod, TARGET, vector_outer=True,
+                                                   columns=PAIR_COLUMNS)}
     schedules = default_schedules(mod, TARGET)
     assert [next(name for name, form in forms.items()
                  if tvm_ffi.structural_equal(form.mod, schedule.mod))
