@@ -10,6 +10,8 @@ from typing import Sequence
 
 import tvm
 
+from ..support.tir_blocks import blocks_of
+
 
 def kernel_flops(kernel_mod: tvm.IRModule) -> float:
     """TVM's FLOP estimate of a standalone kernel; 0 where it has none (opaque calls)."""
@@ -23,30 +25,8 @@ def kernel_flops(kernel_mod: tvm.IRModule) -> float:
 
 def kernel_blocks(kernel_mod: tvm.IRModule) -> list:
     """Every block of the kernel's `main`, nested ones included (the root left out), in the
-    order of the code.
-
-    Read off the statements: a `tvm.s_tir.Schedule` built only to list them cost 0.8 ms a
-    kernel, and the costing asks this of thousands."""
-    body = kernel_mod["main"].body
-    if isinstance(body, tvm.s_tir.SBlockRealize):  # the root block
-        body = body.block.body
-    return _blocks_below(body, [])
-
-
-def _blocks_below(stmt, found: list) -> list:
-    if isinstance(stmt, tvm.s_tir.SBlockRealize):
-        found.append(stmt.block)
-        stmt = stmt.block.body
-    if isinstance(stmt, tvm.tirx.SeqStmt):
-        for part in stmt.seq:
-            _blocks_below(part, found)
-    elif isinstance(stmt, tvm.tirx.IfThenElse):
-        _blocks_below(stmt.then_case, found)
-        if stmt.else_case is not None:
-            _blocks_below(stmt.else_case, found)
-    elif isinstance(getattr(stmt, "body", None), tvm.tirx.Stmt):  # a loop, let, attribute, ...
-        _blocks_below(stmt.body, found)
-    return found
+    order of the code."""
+    return blocks_of(kernel_mod["main"])
 
 
 def written_params(kernel_mod: tvm.IRModule, blocks: Sequence | None = None) -> list[bool]:

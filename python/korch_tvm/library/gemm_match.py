@@ -22,7 +22,7 @@ import tvm
 from tvm import s_tir, tirx
 from tvm.sym.analyzer import Analyzer
 
-from ..kernels.kernel_facts import kernel_blocks
+from ..support.tir_blocks import blocks_of
 from .epilogue_match import EpilogueMatcher, EpilogueStep
 
 _INT32_MAX = 2**31 - 1
@@ -197,7 +197,7 @@ def _is_scheduled(func) -> bool:
 def count_reductions(kernel_mod: tvm.IRModule) -> int:
     """Blocks of the kernel's `main` with a reduction iterator."""
     return sum(any(iv.iter_type == tirx.IterVar.CommReduce for iv in block.iter_vars)
-               for block in kernel_blocks(kernel_mod))
+               for block in blocks_of(kernel_mod["main"]))
 
 
 def _gemm_and_output_blocks(kernel_mod: tvm.IRModule):
