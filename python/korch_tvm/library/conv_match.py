@@ -21,8 +21,8 @@ from tvm.sym import detect_linear_equation
 from tvm.sym.analyzer import Analyzer
 
 from .epilogue_match import EpilogueMatcher, EpilogueStep
-from .gemm_match import (_as_int, _is_zero_init, _same_vars, accumulated_product, count_reductions,
-                         float32_main, output_index_vars)
+from .gemm_match import (_as_int, _is_zero_init, _same_vars, accumulated_product, float32_main,
+                         output_index_vars)
 
 _INT32_MAX = 2**31 - 1
 # The im2col matrix stays below this many floats (the extension refuses 2**30); a convolution
@@ -122,8 +122,6 @@ def match_conv(kernel_mod: tvm.IRModule) -> ConvSpec | None:
 def _blocks(kernel_mod: tvm.IRModule):
     """(padding block or None, the reduction block, output block or None) once the blocks after
     the reduction are inlined into the last; None when anything else is left."""
-    if count_reductions(kernel_mod) != 1:
-        return None
     try:
         schedule = tvm.s_tir.Schedule(kernel_mod, error_render_level="fast")
         root = schedule.get_sblock("root", func_name="main")

@@ -19,10 +19,10 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 import tvm
-from tvm import s_tir, tirx
+from tvm import tirx
 from tvm.sym.analyzer import Analyzer
 
-from ..support.tir_blocks import blocks_of
+from ..support.tir_blocks import blocks_below
 from .epilogue_match import EpilogueMatcher, EpilogueStep
 
 _INT32_MAX = 2**31 - 1
@@ -145,17 +145,8 @@ def float32_main(kernel_mod: tvm.IRModule):
 def reduction_blocks(stmt) -> int:
     """How many blocks under `stmt` have a reduction axis, read off the statement tree: about
     15 times cheaper than making the Schedule that would list them."""
-    if isinstance(stmt, s_tir.SBlockRealize):
-        block = stmt.block
-        own = any(iv.iter_type == tirx.IterVar.CommReduce for iv in block.iter_vars)
-        return own + reduction_blocks(block.body)
-    if isinstance(stmt, tirx.SeqStmt):
-        return sum(reduction_blocks(part) for part in stmt.seq)
-    if isinstance(stmt, tirx.IfThenElse):
-        return reduction_blocks(stmt.then_case) + (
-            0 if stmt.else_case is None else reduction_blocks(stmt.else_case))
-    body = getattr(stmt, "body", None)  # loops, allocations, attributes, lets
-    return 0 if body is None else reduction_blocks(body)
+    return sum(any(iv.iter_type == tirx.IterVar.CommReduce for iv in block.iter_vars)
+               for block in blocks_below(stmt))
 
 
 def output_index_vars(block, output, shape):
@@ -194,18 +185,10 @@ def _is_scheduled(func) -> bool:
     return func.attrs is not None and bool(func.attrs.get("tirx.is_scheduled", False))
 
 
-def count_reductions(kernel_mod: tvm.IRModule) -> int:
-    """Blocks of the kernel's `main` with a reduction iterator."""
-    return sum(any(iv.iter_type == tirx.IterVar.CommReduce for iv in block.iter_vars)
-               for block in blocks_of(kernel_mod["main"]))
-
-
 def _gemm_and_output_blocks(kernel_mod: tvm.IRModule):
     """(the GEMM block, the output block after it or None) once every other block (pure
     data-movement producers of the GEMM's operands, elementwise blocks of its epilogue) is
     inlined; None when that leaves anything else."""
-    if count_reductions(kernel_mod) != 1:   # asked of every kernel: decided without a schedule
-        return None
     try:
         # errors rendered briefly: an inlining refused is an answer here, not a fault
         schedule = tvm.s_tir.Schedule(kernel_mod, error_render_level="fast")

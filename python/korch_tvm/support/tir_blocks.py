@@ -14,20 +14,22 @@ def blocks_of(func: tvm.tirx.PrimFunc) -> list:
     body = func.body
     if isinstance(body, tvm.s_tir.SBlockRealize):  # the root block
         body = body.block.body
-    return _blocks_below(body, [])
+    return blocks_below(body)
 
 
-def _blocks_below(stmt, found: list) -> list:
+def blocks_below(stmt, found: list | None = None) -> list:
+    """Every block under the statement `stmt` (its own, if it is a block), in the code's order."""
+    found = [] if found is None else found
     if isinstance(stmt, tvm.s_tir.SBlockRealize):
         found.append(stmt.block)
         stmt = stmt.block.body
     if isinstance(stmt, tvm.tirx.SeqStmt):
         for part in stmt.seq:
-            _blocks_below(part, found)
+            blocks_below(part, found)
     elif isinstance(stmt, tvm.tirx.IfThenElse):
-        _blocks_below(stmt.then_case, found)
+        blocks_below(stmt.then_case, found)
         if stmt.else_case is not None:
-            _blocks_below(stmt.else_case, found)
+            blocks_below(stmt.else_case, found)
     elif isinstance(getattr(stmt, "body", None), tvm.tirx.Stmt):  # a loop, let, attribute, ...
-        _blocks_below(stmt.body, found)
+        blocks_below(stmt.body, found)
     return found
