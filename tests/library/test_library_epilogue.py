@@ -58,6 +58,17 @@ def rel_err(got, want):
 
 
 MATMUL = [(2, M, K), (K, N)]
+
+
+def residuals(count):
+    """The matmul plus `count` tensors of its shape, added one after the other."""
+    def body(x, w, *added):
+        out = R.matmul(x, w)
+        for residual in added:
+            out = R.add(out, residual)
+        return out
+    return MATMUL + [(2, M, N)] * count, body
+
 CASES = {   # name: (input shapes, body, the steps matched)
     "relu": (MATMUL + [(N,)], lambda x, w, b: R.nn.relu(R.add(R.matmul(x, w), b)),
              ["bias_n", "relu"]),
@@ -73,6 +84,7 @@ CASES = {   # name: (input shapes, body, the steps matched)
              ["bias_n", "silu"]),
     "hardswish": (MATMUL + [(N,)], lambda x, w, b: hardswish(R.add(R.matmul(x, w), b)),
                   ["bias_n", "hardswish"]),
+    "eight residuals": (*residuals(8), ["residual"] * 8),  # MAX_STEPS
     "residual": (MATMUL + [(N,), (2, M, N)],
                  lambda x, w, b, r: R.add(R.add(R.matmul(x, w), b), r), ["bias_n", "residual"]),
     "bias_m": ([(M, K), (K, N), (M, 1)], lambda x, w, b: R.nn.relu(R.add(R.matmul(x, w), b)),
@@ -114,6 +126,7 @@ NOT_EPILOGUES = {
     "bias per batch": (MATMUL + [(2, 1, N)], lambda x, w, b: R.add(R.matmul(x, w), b)),
     "leaky relu": (MATMUL, lambda x, w: R.nn.leakyrelu(R.matmul(x, w), 0.1)),
     "tanh": (MATMUL, lambda x, w: R.tanh(R.matmul(x, w))),
+    "nine residuals": residuals(9),  # one more step than a call runs
 }
 
 

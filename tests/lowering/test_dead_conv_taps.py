@@ -1,4 +1,5 @@
-"""Convolution taps that read only padding, cut: the same outputs from a smaller kernel."""
+"""Convolution taps that read only padding, cut (where they do on every output) or summed over
+their live outputs only (where they do on most): the same outputs from less work."""
 
 import numpy as np
 import pytest
@@ -6,6 +7,7 @@ import tvm
 import tvm_ffi
 from tvm import relax
 
+from korch_tvm.lowering.conv_tap_sum import LIVE_SHARE_TO_SPLIT, SumLiveConvTaps, live_window
 from korch_tvm.lowering.dead_conv_taps import TrimDeadConvTaps, live_tap_range
 from korch_tvm.lowering.fission import lower_to_primitives
 
@@ -18,7 +20,8 @@ def conv_module(in_shape, weight, *, layout, stride=1, padding, dilation, groups
         with builder.dataflow():
             out = builder.emit_output(builder.emit(relax.op.nn.conv2d(
                 data, relax.const(weight), strides=[stride, stride], padding=padding,
-                dilation=[dilation, dilation], groups=groups, data_layout=layout,
+                dilation=dilation if isinstance(dilation, list) else [dilation, dilation],
+                groups=groups, data_layout=layout,
                 kernel_layout=kernel_layout)))
         builder.emit_func_output(out)
     return builder.get()
@@ -87,3 +90,81 @@ def test_an_infinite_weight_is_left_alone_and_lowering_trims():
     weight[0, 0, 0, 0] = np.inf  # times a padding zero: NaN in the original, kept so
     infinite = conv_module((1, 4, 8, 8), weight, layout="NCHW", padding=[16] * 4, dilation=16)
     assert conv_weights(TrimDeadConvTaps()(infinite)) == [(4, 4, 3, 3)]
+
+
+def conv_calls(mod) -> list[relax.Call]:
+    calls = []
+    relax.analysis.post_order_visit(mod["main"], lambda expr: calls.append(expr) if isinstance(
+        expr, relax.Call) and getattr(expr.op, "name", "") == "relax.nn.conv2d" else None)
+    return calls
+
+
+def test_live_windows_along_one_axis():
+    # DeepLabv3's dilation 12 on 16: the outer taps read inputs on four outputs each
+    assert [live_window(16, 16, 1, 12, 12, tap) for tap in range(3)] == [(12, 16), (0, 16),
+                                                                          (0, 4)]
+    # an ordinary 3x3 with padding 1: only the edge outputs lose a tap
+    assert [live_window(8, 8, 1, 1, 1, tap) for tap in range(3)] == [(1, 8), (0, 8), (0, 7)]
+    # stride 2, dilation 10 on 13: tap 0 reads inputs 0 and 2 from outputs 5 and 6
+    assert live_window(13, 7, 2, 10, 10, 0) == (5, 7)
+    # a tap that reads only padding
+    assert live_window(2, 5, 1, 1, 5, 0) == (0, 0)
+
+
+def macs(conv: relax.Call) -> int:
+    """Multiply-adds of a conv2d: every weight times every output position."""
+    outputs = int(np.prod([int(dim) for dim in conv.ty.shape.values]))
+    return int(conv.args[1].value.numpy().size) * outputs // 12  # 12 output channels
+
+
+# (layout, input HxW, kernel, stride, padding, dilation, groups, summed by taps)
+TAP_CASES = [
+    ("NCHW", (16, 16), 3, 1, [12] * 4, 12, 1, True),  # DeepLabv3's atrous pyramid, dilation 12
+    ("NHWC", (16, 16), 3, 1, [12] * 4, 12, 1, True),
+    ("NCHW", (10, 16), 3, 1, [9, 12, 9, 12], [9, 12], 2, True),  # per-axis dilation, grouped
+    ("NHWC", (13, 13), 3, 2, [10, 10, 10, 10], 10, 1, True),  # strided, odd size
+    ("NCHW", (16, 16), 3, 1, [1] * 4, 1, 1, False),  # an ordinary 3x3: almost all live
+    ("NCHW", (16, 16), 3, 1, [6] * 4, 6, 1, False),  # 2 of 3 taps on 12 of 16: 0.56 live
+]
+
+
+@pytest.mark.parametrize("layout,size,kernel,stride,padding,dilation,groups,summed", TAP_CASES)
+def test_tap_sum_gives_the_same_outputs(layout, size, kernel, stride, padding, dilation, groups,
+                                        summed):
+    rng = np.random.default_rng(1)
+    channels, out_channels = 8, 12
+    in_shape = (1, channels, *size) if layout == "NCHW" else (1, *size, channels)
+    oihw = rng.standard_normal((out_channels, channels // groups, kernel, kernel), "float32")
+    weight = oihw if layout == "NCHW" else np.ascontiguousarray(oihw.transpose(2, 3, 1, 0))
+    dilation = dilation if isinstance(dilation, list) else [dilation, dilation]
+    mod = conv_module(in_shape, weight, layout=layout, stride=stride, padding=padding,
+                      dilation=dilation, groups=groups)
+    assert conv_calls(SumLiveConvTaps()(mod)) == conv_calls(mod)  # too few multiply-adds
+    split = SumLiveConvTaps(min_dead_macs=0)(mod)
+    convs = conv_calls(split)
+    if not summed:
+        assert split.same_as(mod) or tvm_ffi.structural_equal(split, mod)
+        return
+    assert len(convs) == kernel * kernel  # every tap is live on some output here
+    for call in convs:
+        taps = call.args[1].value.shape[2:] if layout == "NCHW" else call.args[1].value.shape[:2]
+        assert tuple(taps) == (1, 1) and list(call.attrs.padding) == [0, 0, 0, 0]
+    assert sum(map(macs, convs)) < macs(conv_calls(mod)[0]) * LIVE_SHARE_TO_SPLIT
+    x = rng.standard_normal(in_shape, "float32")
+    np.testing.assert_allclose(run(split, x), run(mod, x), rtol=1e-5, atol=1e-5)
+
+
+def test_lowering_splits_and_an_infinite_weight_is_left_alone():
+    # DeepLabv3's: 566 M multiply-adds, 3/4 dead
+    weight = np.ones((256, 960, 3, 3), "float32")
+    mod = conv_module((1, 960, 16, 16), weight, layout="NCHW", padding=[12] * 4, dilation=12)
+    assert len(conv_calls(lower_to_primitives(mod))) == 9
+    # dead multiply-adds: filters x 960 channels x 256 outputs x 9 taps x 3/4 = filters x 1.66 M
+    for filters, convs in ((6, 1), (7, 9)):  # 9.95 M: not worth a split; 11.6 M: split
+        assert len(conv_calls(SumLiveConvTaps()(conv_module(
+            (1, 960, 16, 16), weight[:filters], layout="NCHW", padding=[12] * 4,
+            dilation=12)))) == convs
+    weight[1, 2, 0, 2] = -np.inf
+    infinite = conv_module((1, 960, 16, 16), weight, layout="NCHW", padding=[12] * 4,
+                           dilation=12)
+    assert len(conv_calls(SumLiveConvTaps(min_dead_macs=0)(infinite))) == 1

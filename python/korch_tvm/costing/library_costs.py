@@ -28,6 +28,7 @@ import tvm
 from ..errors import KorchError
 from ..kernels.fused import structural_key
 from ..library import Implementation, implementations_for
+from ..library.epilogue_match import MAX_STEPS
 from ..support.pool_spin import note_parallel_work
 from ..support.safe_io import write_text_atomically
 from .kernel_costs import KernelCost, LibraryTime, cheaper_of
@@ -49,7 +50,8 @@ _GEMM_FIELDS = (rf"batch={_NUMBER} m={_NUMBER} n={_NUMBER} k={_NUMBER} ta=[01] t
 _CONV_FIELDS = (rf"layout=(nchw|nhwc) n={_NUMBER} c={_NUMBER} h={_NUMBER} w={_NUMBER} "
                 rf"k={_NUMBER} r={_NUMBER} s={_NUMBER} p={_NUMBER} q={_NUMBER} stride={_PAIR} "
                 rf"pad={_PAIR} dilation={_PAIR} groups={_NUMBER}")
-_ENTRY = re.compile(r"(?P<name>[a-z]+\.[a-z0-9]+)(?P<steps>(?:\+[a-z0-9_.:e-]{1,40}){0,8}) "
+_STEP = r"\+[a-z0-9_.:e-]{1,40}"
+_ENTRY = re.compile(rf"(?P<name>[a-z]+\.[a-z0-9]+)(?P<steps>(?:{_STEP}){{0,{MAX_STEPS}}}) "
                     rf"(?:{_GEMM_FIELDS}|{_CONV_FIELDS})")
 _STEPS = ("bias_n", "bias_m", "residual", "relu", "gelu_erf", "gelu_tanh", "sigmoid", "silu",
           "hardswish")

@@ -281,7 +281,7 @@ def _epilogue_of(block, y_buffer, inputs, output, spec: ConvSpec):
     if index_vars is None:
         return None
     bias = (("bias_n", -1),) if spec.nhwc else (("bias_m", -3),)
-    return EpilogueMatcher(y_buffer, index_vars, inputs, y_shape, bias).steps(block.body.value)
+    return EpilogueMatcher(y_buffer, index_vars, inputs, y_shape, bias).match(block.body.value)
 
 
 def _fits(spec: ConvSpec) -> bool:

@@ -26,6 +26,10 @@ import tvm_ffi
 from tvm import tirx
 
 OPERAND_STEPS = ("bias_n", "bias_m", "residual")
+# Steps one call runs at most (a tuning log's library entry names each): a longer chain, such
+# as a convolution that fused the padded adds of eight others (lowering/conv_tap_sum.py),
+# keeps its TVM kernel.
+MAX_STEPS = 8
 VALUE_MATCHED = ("gelu_erf", "gelu_tanh", "sigmoid", "silu", "hardswish")
 _SAMPLES = np.concatenate([np.linspace(-30.0, 30.0, 241), np.linspace(-4.0, 4.0, 161),
                            [-1e-3, -1e-6, 0.0, 1e-6, 1e-3]]).astype("float32")
@@ -79,6 +83,11 @@ class EpilogueMatcher:
         self.inputs, self.c_shape = list(inputs), tuple(c_shape)
         self.bias_axes = bias_axes
         self._contains: dict[int, bool] = {}
+
+    def match(self, value) -> tuple[EpilogueStep, ...] | None:
+        """`steps`, or None when there are more than MAX_STEPS."""
+        steps = self.steps(value)
+        return None if steps is None or len(steps) > MAX_STEPS else steps
 
     def steps(self, value) -> tuple[EpilogueStep, ...] | None:
         """The steps, innermost first; () for the bare accumulator; None when not an epilogue."""

@@ -171,7 +171,7 @@ def _epilogue_of(block, c_buffer, inputs, output, c_shape):
     index_vars = output_index_vars(block, output, c_shape)
     if index_vars is None:
         return None
-    return EpilogueMatcher(c_buffer, index_vars, inputs, c_shape).steps(block.body.value)
+    return EpilogueMatcher(c_buffer, index_vars, inputs, c_shape).match(block.body.value)
 
 
 def _without_unit_lead(shape: tuple, rank: int) -> tuple:

@@ -64,6 +64,7 @@ import tvm
 from tvm import relax
 
 from .constant_folding import fold_constants
+from .conv_tap_sum import SumLiveConvTaps
 from .dead_conv_taps import TrimDeadConvTaps
 from .mutation import mutate_relax_functions
 from .primitive_kinds import OPAQUE, op_kind
@@ -171,13 +172,15 @@ def lowering_stats(before: tvm.IRModule, after: tvm.IRModule) -> dict:
 def lower_to_primitives(mod: tvm.IRModule) -> tvm.IRModule:
     """PrimitiveLowering plus the clean-up the primitive graph expects.
 
-    Convolution taps that read only padding are cut first (`dead_conv_taps`). The rules
+    Convolution taps that read only padding are cut first (`dead_conv_taps`), and those that
+    read it on most outputs are summed tap by tap (`conv_tap_sum`). The rules
     leave alias and unused tuple bindings behind, and constant-only subexpressions (e.g.
     batch-norm factors computed from parameters) are folded so that they do not become
     primitives of their own (in numpy where it is exact: `constant_folding`).
     """
     lowered = tvm.transform.Sequential([
         TrimDeadConvTaps(),
+        SumLiveConvTaps(),
         PrimitiveLowering(),
         relax.transform.CanonicalizeBindings(),
     ])(mod)
