@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import tvm
 
+from ..support.tir_blocks import is_reduction
 from .cpu_rules import block_points, static_size
 
 
@@ -38,7 +39,7 @@ def padding_read_by_reductions(schedule, block_rvs) -> set[str]:
         if not padded or not source or padded > MAX_PADDED_GROWTH * source:
             continue
         work = max((block_points(schedule.get(consumer)) or 0 for consumer
-                    in schedule.get_consumers(rv) if _reduces(schedule.get(consumer))), default=0)
+                    in schedule.get_consumers(rv) if is_reduction(schedule.get(consumer))), default=0)
         if work >= MIN_REDUCTION_PER_ELEMENT * padded:
             kept.add(block.name_hint)
     return kept
@@ -61,8 +62,6 @@ def _pads_with_constant(block) -> bool:
             and all(iv.iter_type == tvm.tirx.IterVar.DataPar for iv in block.iter_vars))
 
 
-def _reduces(block) -> bool:
-    return any(iv.iter_type == tvm.tirx.IterVar.CommReduce for iv in block.iter_vars)
 
 
 _IF_THEN_ELSE = tvm.ir.Op.get("prim.if_then_else")

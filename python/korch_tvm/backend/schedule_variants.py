@@ -34,6 +34,7 @@ import tvm
 import tvm_ffi
 
 from ..kernels.kernel_facts import kernel_blocks, kernel_flops
+from ..support.tir_blocks import is_reduction
 from .cpu_schedule import (PAIR_COLUMNS, WIDE_TILE_ROWS, default_schedule, prepare,
                            with_packed_weights)
 
@@ -45,7 +46,6 @@ TILED_VARIANTS = {"wide": {"tile_rows": WIDE_TILE_ROWS},
                   "pair": {"columns": PAIR_COLUMNS},
                   "outer_pair": {"vector_outer": True, "columns": PAIR_COLUMNS}}
 FORMS = (RULE_FORM, "plain", *TILED_VARIANTS)  # "plain": the rule's form, weights unpacked
-_REDUCE = 2  # IterVar.CommReduce
 
 
 def named_default_schedules(kernel_mod: tvm.IRModule, target, kind_rules: bool = True,
@@ -89,5 +89,5 @@ def variant_anchor(kernel_mod: tvm.IRModule) -> tuple | None:
          tuple((tuple(str(dim) for dim in region.source.shape), str(region.source.dtype))
                for region in block.reads))
         for block in kernel_blocks(kernel_mod)
-        if any(int(iv.iter_type) == _REDUCE for iv in block.iter_vars))
+        if is_reduction(block))
     return anchor or None

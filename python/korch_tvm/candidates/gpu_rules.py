@@ -32,6 +32,7 @@ from tvm import relax
 
 from ..graph.primitive_graph import CALL_TIR, PrimitiveGraph
 from ..kernels.fused import kernel_blocks
+from ..support.tir_blocks import REDUCE
 from .enumerate import Candidate, KernelRules
 
 DEFAULT_SHARED_MEMORY_BYTES = 48 * 1024
@@ -167,7 +168,7 @@ def _largest_reduction(func) -> tuple[int | None, int]:
     """(largest product of reduction extents over the blocks, bits of what that block writes)."""
     best, bits = None, 32
     for block in kernel_blocks(tvm.IRModule({"main": func})):
-        extents = [iv.dom.extent for iv in block.iter_vars if int(iv.iter_type) == 2]
+        extents = [iv.dom.extent for iv in block.iter_vars if int(iv.iter_type) == REDUCE]
         if not extents or not all(isinstance(e, tvm.tirx.IntImm) for e in extents):
             continue
         size = math.prod(int(e) for e in extents)

@@ -21,6 +21,7 @@ from ..backend.target import host_core_count, parse_target
 from ..errors import KorchError
 from ..kernels.fused import kernel_blocks, kernel_flops, written_params
 from ..support.memo import KeyedMemo
+from ..support.tir_blocks import is_reduction
 from .metaschedule_setup import prepare_for_target
 from .prediction_cache import PredictionCache, file_digest
 
@@ -83,8 +84,7 @@ def kernel_shape(kernel_mod: tvm.IRModule) -> KernelShape:
             bytes_out += size
         else:
             bytes_in += size
-    reducing = [block for block in blocks
-                if any(int(iv.iter_type) == 2 for iv in block.iter_vars)]
+    reducing = [block for block in blocks if is_reduction(block)]
     reduction_flops = sum(2.0 * math.prod(int(iv.dom.extent) for iv in block.iter_vars)
                           for block in reducing)
     return KernelShape(bytes_in, bytes_out, kernel_flops(kernel_mod), len(blocks), len(reducing),

@@ -27,10 +27,10 @@ import tvm
 import tvm.sym
 import tvm_ffi
 
+from ..support.tir_blocks import REDUCE
 from .weight_packing import original_kernel_name
 
 KINDS = ("conv1x1", "conv_depthwise", "conv3x3", "conv_other", "matmul", "memory")
-_REDUCE = 2  # IterVar.CommReduce
 _LOAD = tvm.ir.expr.TensorLoad  # what TIR's BufferLoad is in 0.27 (tvm.tirx.BufferLoad is a builder)
 
 
@@ -69,10 +69,10 @@ def _strip_casts(expr):
 def _block_kind(block) -> str | None:
     """The linear kind of one block, or None if it does not multiply-accumulate two loads."""
     reduce_vars = {iv.var: int(iv.dom.extent) if isinstance(iv.dom.extent, tvm.tirx.IntImm)
-                   else 0 for iv in block.iter_vars if int(iv.iter_type) == _REDUCE}
+                   else 0 for iv in block.iter_vars if int(iv.iter_type) == REDUCE}
     if not reduce_vars or not isinstance(block.body, tvm.tirx.BufferStore):
         return None
-    spatial_vars = {iv.var for iv in block.iter_vars if int(iv.iter_type) != _REDUCE}
+    spatial_vars = {iv.var for iv in block.iter_vars if int(iv.iter_type) != REDUCE}
     operands = None
     for product in _collect(block.body.value, tvm.tirx.Mul, []):
         a, b = _strip_casts(product.a), _strip_casts(product.b)
@@ -253,8 +253,8 @@ def compute_kind(func: tvm.tirx.PrimFunc) -> str:
 def _contraction(block):
     """(spatial vars in order with extents, reduction vars, the two multiplied loads)."""
     spatial = [(iv.var, _static_extent(iv)) for iv in block.iter_vars
-               if int(iv.iter_type) != _REDUCE]
-    reduce_vars = {iv.var for iv in block.iter_vars if int(iv.iter_type) == _REDUCE}
+               if int(iv.iter_type) != REDUCE]
+    reduce_vars = {iv.var for iv in block.iter_vars if int(iv.iter_type) == REDUCE}
     for product in _collect(block.body.value, tvm.tirx.Mul, []):
         a, b = _strip_casts(product.a), _strip_casts(product.b)
         if isinstance(a, _LOAD) and isinstance(b, _LOAD):

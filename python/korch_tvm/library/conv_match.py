@@ -20,6 +20,7 @@ from tvm import tirx
 from tvm.sym import detect_linear_equation
 from tvm.sym.analyzer import Analyzer
 
+from ..support.tir_blocks import is_reduction
 from .epilogue_match import EpilogueMatcher, EpilogueStep
 from .gemm_match import (_as_int, _is_zero_init, _same_vars, accumulated_product, float32_main,
                          output_index_vars)
@@ -126,8 +127,7 @@ def _blocks(kernel_mod: tvm.IRModule):
         schedule = tvm.s_tir.Schedule(kernel_mod, error_render_level="fast")
         root = schedule.get_sblock("root", func_name="main")
         blocks = list(schedule.get_child_blocks(root))
-        kinds = [any(iv.iter_type == tirx.IterVar.CommReduce for iv in schedule.get(b).iter_vars)
-                 for b in blocks]
+        kinds = [is_reduction(schedule.get(b)) for b in blocks]
         if kinds.count(True) != 1 or kinds.index(True) > 1:
             return None
         at = kinds.index(True)

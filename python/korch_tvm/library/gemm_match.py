@@ -22,7 +22,7 @@ import tvm
 from tvm import tirx
 from tvm.sym.analyzer import Analyzer
 
-from ..support.tir_blocks import blocks_below
+from ..support.tir_blocks import blocks_below, is_reduction
 from .epilogue_match import EpilogueMatcher, EpilogueStep
 
 _INT32_MAX = 2**31 - 1
@@ -145,8 +145,7 @@ def float32_main(kernel_mod: tvm.IRModule):
 def reduction_blocks(stmt) -> int:
     """How many blocks under `stmt` have a reduction axis, read off the statement tree: about
     15 times cheaper than making the Schedule that would list them."""
-    return sum(any(iv.iter_type == tirx.IterVar.CommReduce for iv in block.iter_vars)
-               for block in blocks_below(stmt))
+    return sum(is_reduction(block) for block in blocks_below(stmt))
 
 
 def output_index_vars(block, output, shape):
@@ -194,8 +193,7 @@ def _gemm_and_output_blocks(kernel_mod: tvm.IRModule):
         schedule = tvm.s_tir.Schedule(kernel_mod, error_render_level="fast")
         root = schedule.get_sblock("root", func_name="main")
         blocks = list(schedule.get_child_blocks(root))
-        reductions = [b for b in blocks if any(iv.iter_type == tirx.IterVar.CommReduce
-                                               for iv in schedule.get(b).iter_vars)]
+        reductions = [b for b in blocks if is_reduction(schedule.get(b))]
         if len(reductions) != 1:
             return None
         gemm_name = schedule.get(reductions[0]).name_hint

@@ -8,6 +8,14 @@ from __future__ import annotations
 
 import tvm
 
+# IterVar.CommReduce, as the plain int the iterators' `iter_type` compares with.
+REDUCE = int(tvm.tirx.IterVar.CommReduce)
+
+
+def is_reduction(block) -> bool:
+    """Whether `block` has a reduction iterator (a matmul's, a convolution's, a sum's)."""
+    return any(int(iv.iter_type) == REDUCE for iv in block.iter_vars)
+
 
 def blocks_of(func: tvm.tirx.PrimFunc) -> list:
     """Every block of `func`, nested ones included (the root left out), in the code's order."""
