@@ -20,12 +20,11 @@ kernel call costs.
 
 from __future__ import annotations
 
-import numpy as np
 import tvm
 from tvm import relax
 
+from .constant_conv import ConstantConv, constant_conv
 from .mutation import mutate_relax_functions
-from .shapes import static_dims
 
 LIVE_SHARE_TO_SPLIT = 0.5
 MIN_DEAD_MACS = 10**7
@@ -40,89 +39,56 @@ def live_window(size: int, out: int, stride: int, dilation: int, pad_before: int
     return (live[0], live[-1] + 1) if live else (0, 0)
 
 
-def _int_list(values) -> list[int]:
-    return [int(v) for v in values]
+def tap_windows(conv: ConstantConv, spatial: int) -> list[tuple[int, int]]:
+    """Each tap's live window along spatial axis 0 (H) or 1 (W)."""
+    size, out, kernel, stride, dilation, pad_before = conv.along(spatial)
+    return [live_window(size, out, stride, dilation, pad_before, tap) for tap in range(kernel)]
 
 
-class _Conv:
-    """The conv2d the taps are cut from: layouts, static shapes, attributes, and each tap's
-    live window per spatial axis."""
+def tap_conv(conv: ConstantConv, taps: tuple[int, int], windows) -> relax.Expr:
+    """The 1x1 convolution of tap (row, column) over its live window (rows, columns)."""
+    begin, end, picked = [], [], [slice(None)] * 4
+    for spatial, (tap, (o0, o1)) in enumerate(zip(taps, windows)):
+        stride = conv.strides[spatial]
+        first = o0 * stride + tap * conv.dilation[spatial] - conv.padding[spatial]
+        begin.append(first)
+        end.append(first + (o1 - o0 - 1) * stride + 1)
+        picked[conv.axis("HW"[spatial])[1]] = slice(tap, tap + 1)
+    crop = relax.op.strided_slice(conv.data, axes=[conv.axis("H")[0], conv.axis("W")[0]],
+                                  begin=begin, end=end)
+    return conv.conv2d(crop, conv.weight[tuple(picked)], [0, 0, 0, 0], [1, 1])
 
-    def __init__(self, call: relax.Call):
-        attrs = call.attrs
-        self.data, self.weight = call.args[0], call.args[1].value.numpy()
-        self.data_layout, self.kernel_layout = str(attrs.data_layout), str(attrs.kernel_layout)
-        self.strides, self.dilation = _int_list(attrs.strides), _int_list(attrs.dilation)
-        self.padding = _int_list(attrs.padding)  # top, left, bottom, right
-        self.groups, self.out_dtype = int(attrs.groups), attrs.out_dtype
-        self.in_shape, self.out_shape = static_dims(call.args[0]), static_dims(call)
 
-    def axis(self, letter: str) -> tuple[int, int]:
-        """The data's and the kernel's index of spatial axis `letter` (H or W)."""
-        return self.data_layout.index(letter), self.kernel_layout.index(letter)
+def padding_to_output(conv: ConstantConv, windows) -> list[int]:
+    """`nn.pad` widths that place a tap's window (rows, columns) in the whole output."""
+    widths = [0] * (2 * len(conv.out_shape))
+    for spatial, (o0, o1) in enumerate(windows):
+        data_axis = conv.axis("HW"[spatial])[0]
+        widths[2 * data_axis: 2 * data_axis + 2] = [o0, conv.out_shape[data_axis] - o1]
+    return widths
 
-    def windows(self, spatial: int) -> list[tuple[int, int]]:
-        """Each tap's live window along spatial axis 0 (H) or 1 (W)."""
-        data_axis, kernel_axis = self.axis("HW"[spatial])
-        return [live_window(self.in_shape[data_axis], self.out_shape[data_axis],
-                            self.strides[spatial], self.dilation[spatial],
-                            self.padding[spatial], tap)
-                for tap in range(self.weight.shape[kernel_axis])]
 
-    def tap(self, taps: tuple[int, int], windows) -> relax.Expr:
-        """The 1x1 convolution of tap (row, column) over its live window (rows, columns)."""
-        begin, end, picked = [], [], [slice(None)] * 4
-        for spatial, (tap, (o0, o1)) in enumerate(zip(taps, windows)):
-            stride = self.strides[spatial]
-            first = o0 * stride + tap * self.dilation[spatial] - self.padding[spatial]
-            begin.append(first)
-            end.append(first + (o1 - o0 - 1) * stride + 1)
-            picked[self.axis("HW"[spatial])[1]] = slice(tap, tap + 1)
-        crop = relax.op.strided_slice(self.data, axes=[self.axis("H")[0], self.axis("W")[0]],
-                                      begin=begin, end=end)
-        weight = np.ascontiguousarray(self.weight[tuple(picked)])
-        return relax.op.nn.conv2d(
-            crop, relax.const(weight, str(weight.dtype)), strides=self.strides,
-            padding=[0, 0, 0, 0], dilation=[1, 1], groups=self.groups,
-            data_layout=self.data_layout, kernel_layout=self.kernel_layout,
-            out_layout=self.data_layout, out_dtype=self.out_dtype)
-
-    def padding_to_output(self, windows) -> list[int]:
-        """`nn.pad` widths that place a tap's window in the whole output."""
-        widths = [0] * (2 * len(self.out_shape))
-        for spatial, (o0, o1) in enumerate(windows):
-            data_axis = self.axis("HW"[spatial])[0]
-            widths[2 * data_axis: 2 * data_axis + 2] = [o0, self.out_shape[data_axis] - o1]
-        return widths
+def _area(windows) -> int:
+    (r0, r1), (c0, c1) = windows
+    return max(0, r1 - r0) * max(0, c1 - c0)
 
 
 def live_taps(call: relax.Call, min_dead_macs: int = MIN_DEAD_MACS):
-    """The conv2d of `call` and its live taps as ((row, column), (row window, column window)),
-    widest window first, when it is worth a sum over taps; None when it is not (see the
-    module's docstring), or its weight is not a finite constant, a shape is not static, or a
-    layout is not a plain four-letter one."""
-    attrs = call.attrs
-    if (not isinstance(call.args[1], tvm.ir.expr.Constant)
-            or sorted(str(attrs.data_layout)) != sorted("NCHW")
-            or sorted(str(attrs.kernel_layout)) != sorted("OIHW")
-            or str(attrs.out_layout) != str(attrs.data_layout)):
+    """The conv2d of `call` read (`constant_conv`) and its live taps as ((row, column),
+    (row window, column window)), widest window first, when it is worth a sum over taps;
+    None when it is not (see the module's docstring) or not a `constant_conv`."""
+    conv = constant_conv(call)
+    if conv is None:
         return None
-    conv = _Conv(call)
-    if conv.in_shape is None or conv.out_shape is None or not np.all(np.isfinite(conv.weight)):
-        return None
-    rows, cols = conv.windows(0), conv.windows(1)
+    rows, cols = tap_windows(conv, 0), tap_windows(conv, 1)
     taps = [((r, c), (rows[r], cols[c])) for r in range(len(rows)) for c in range(len(cols))]
     if len(taps) > MAX_TAPS:
         return None
     outputs = conv.out_shape[conv.axis("H")[0]] * conv.out_shape[conv.axis("W")[0]]
-    live = sum((r1 - r0) * (c1 - c0) for _, ((r0, r1), (c0, c1)) in taps) / (outputs * len(taps))
-    macs = conv.weight.size * int(np.prod(conv.out_shape)) // conv.weight.shape[
-        conv.kernel_layout.index("O")]
-    if live > LIVE_SHARE_TO_SPLIT or macs * (1 - live) < min_dead_macs:
+    live = sum(_area(windows) for _, windows in taps) / (outputs * len(taps))
+    if live > LIVE_SHARE_TO_SPLIT or conv.macs() * (1 - live) < min_dead_macs:
         return None
-    taps = [(tap, windows) for tap, windows in taps
-            if windows[0][1] > windows[0][0] and windows[1][1] > windows[1][0]]
-    taps.sort(key=lambda item: -(item[1][0][1] - item[1][0][0]) * (item[1][1][1] - item[1][1][0]))
+    taps = sorted((item for item in taps if _area(item[1])), key=lambda item: -_area(item[1]))
     return conv, taps
 
 
@@ -142,8 +108,8 @@ class _TapSummer(relax.PyExprMutator):
         conv, taps = found
         total = None
         for tap, windows in taps:
-            term = self.builder_.emit(conv.tap(tap, windows))
-            widths = conv.padding_to_output(windows)
+            term = self.builder_.emit(tap_conv(conv, tap, windows))
+            widths = padding_to_output(conv, windows)
             if any(widths):
                 term = self.builder_.emit(relax.op.nn.pad(term, widths))
             total = term if total is None else self.builder_.emit(relax.op.add(total, term))

@@ -11,12 +11,11 @@ a dense kernel with the same dilation.
 
 from __future__ import annotations
 
-import numpy as np
 import tvm
 from tvm import relax
 
+from .constant_conv import constant_conv
 from .mutation import mutate_relax_functions
-from .shapes import static_dims
 
 
 def live_tap_range(size: int, out: int, kernel: int, stride: int, dilation: int,
@@ -28,44 +27,22 @@ def live_tap_range(size: int, out: int, kernel: int, stride: int, dilation: int,
     return (live[0], live[-1]) if live else (0, kernel - 1)
 
 
-def _int_list(values) -> list[int]:
-    return [int(v) for v in values]
-
-
 def trimmed_conv2d(call: relax.Call) -> relax.Call | None:
-    """`call` (a conv2d with a constant weight) with its dead edge taps cut, or None when every
-    tap is live, a shape is not static, or a layout is not a plain four-letter one."""
-    attrs = call.attrs
-    data_layout, kernel_layout = str(attrs.data_layout), str(attrs.kernel_layout)
-    weight = call.args[1]
-    in_shape, out_shape = static_dims(call.args[0]), static_dims(call)
-    if (not isinstance(weight, tvm.ir.expr.Constant) or in_shape is None or out_shape is None
-            or sorted(data_layout) != sorted("NCHW") or sorted(kernel_layout) != sorted("OIHW")
-            or str(attrs.out_layout) != data_layout):
+    """`call` (a conv2d) with its dead edge taps cut, or None when every tap is live or it is
+    not a `constant_conv`."""
+    conv = constant_conv(call)
+    if conv is None:
         return None
-    strides, dilation = _int_list(attrs.strides), _int_list(attrs.dilation)
-    padding = _int_list(attrs.padding)  # top, left, bottom, right
-    data = weight.value.numpy()
-    if not np.all(np.isfinite(data)):
-        return None  # an infinite weight times a padding zero is NaN, not zero
-    keep, new_padding = [slice(None)] * 4, list(padding)
-    for axis, (letter, stride, dil) in enumerate(zip("HW", strides, dilation)):
-        kernel_axis = kernel_layout.index(letter)
-        kernel = data.shape[kernel_axis]
-        first, last = live_tap_range(in_shape[data_layout.index(letter)],
-                                     out_shape[data_layout.index(letter)], kernel, stride, dil,
-                                     padding[axis])
-        new_padding[axis] -= first * dil
-        new_padding[axis + 2] -= (kernel - 1 - last) * dil
-        keep[kernel_axis] = slice(first, last + 1)
-    if min(new_padding) < 0 or new_padding == padding:
+    keep, new_padding = [slice(None)] * 4, list(conv.padding)
+    for spatial, letter in enumerate("HW"):
+        size, out, kernel, stride, dil, pad = conv.along(spatial)
+        first, last = live_tap_range(size, out, kernel, stride, dil, pad)
+        new_padding[spatial] -= first * dil
+        new_padding[spatial + 2] -= (kernel - 1 - last) * dil
+        keep[conv.axis(letter)[1]] = slice(first, last + 1)
+    if min(new_padding) < 0 or new_padding == conv.padding:
         return None
-    kept = np.ascontiguousarray(data[tuple(keep)])
-    return relax.op.nn.conv2d(
-        call.args[0], relax.const(kept, str(kept.dtype)), strides=strides,
-        padding=new_padding, dilation=dilation, groups=int(attrs.groups),
-        data_layout=data_layout, kernel_layout=kernel_layout, out_layout=data_layout,
-        out_dtype=attrs.out_dtype)
+    return conv.conv2d(conv.data, conv.weight[tuple(keep)], new_padding, conv.dilation)
 
 
 @relax.expr_functor.mutator
