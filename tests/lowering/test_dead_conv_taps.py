@@ -9,7 +9,7 @@ from tvm import relax
 
 from korch_tvm.lowering.conv_tap_sum import LIVE_SHARE_TO_SPLIT, SumLiveConvTaps, live_window
 from korch_tvm.lowering.dead_conv_taps import TrimDeadConvTaps, live_tap_range
-from korch_tvm.lowering.fission import lower_to_primitives
+from korch_tvm.lowering.fission import lower_to_primitives, lowering_stats
 
 
 def conv_module(in_shape, weight, *, layout, stride=1, padding, dilation, groups=1):
@@ -168,3 +168,19 @@ def test_lowering_splits_and_an_infinite_weight_is_left_alone():
     infinite = conv_module((1, 960, 16, 16), weight, layout="NCHW", padding=[12] * 4,
                            dilation=12)
     assert len(conv_calls(SumLiveConvTaps(min_dead_macs=0)(infinite))) == 1
+
+
+def test_the_lowering_report_counts_both_rewrites():
+    weight = np.ones((256, 960, 3, 3), "float32")
+    builder = relax.BlockBuilder()
+    data = relax.Var("x", relax.TensorType((1, 960, 16, 16), "float32"))
+    with builder.function("main", [data]):
+        with builder.dataflow():
+            convs = [builder.emit(relax.op.nn.conv2d(
+                data, relax.const(weight), padding=[rate] * 4, dilation=[rate, rate]))
+                for rate in (1, 12, 24, 36)]  # live, summed, cut to 1x1, cut to 1x1
+            out = builder.emit_output(builder.emit(relax.op.concat(convs, axis=1)))
+        builder.emit_func_output(out)
+    mod = builder.get()
+    stats = lowering_stats(mod, lower_to_primitives(mod))
+    assert stats["convolutions"] == {"dead_taps_cut": 2, "summed_over_live_taps": 1}

@@ -257,6 +257,7 @@ def test_counts_by_kind_on_a_small_graph():
         "composite_lowered": {"relax.nn.gelu": 1, "relax.nn.layer_norm": 1, "relax.nn.softmax": 1},
         "primitives_by_kind": {"elementwise": 16, "linear": 1, "opaque": 1, "reduce": 4},
         "opaque_ops": {"relax.cumsum": 1},
+        "convolutions": {"dead_taps_cut": 0, "summed_over_live_taps": 0},
     }
 
 

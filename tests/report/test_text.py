@@ -53,3 +53,13 @@ def test_only_a_search_that_beat_the_default_schedule_counts_as_searched():
     assert not improved_by_search(_Log(64, math.inf, math.inf), None)  # every record failed
     assert not improved_by_search(_Log(8, None, None), None)
     assert split_count("3/16") == (3, 16) and split_count(None) is None
+
+
+def test_the_summary_names_convolutions_given_fewer_taps_only_when_there_are_some():
+    lowering = {"primitives_by_kind": {"linear": 9},
+                "convolutions": {"dead_taps_cut": 2, "summed_over_live_taps": 1}}
+    lines = summary_lines({"lowering": lowering})
+    assert ("  convolutions with fewer taps: 2 with dead taps cut, 1 summed over their live taps"
+            in lines)
+    lowering["convolutions"] = {"dead_taps_cut": 0, "summed_over_live_taps": 0}
+    assert not any("fewer taps" in line for line in summary_lines({"lowering": lowering}))

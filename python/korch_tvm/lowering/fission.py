@@ -64,8 +64,8 @@ import tvm
 from tvm import relax
 
 from .constant_folding import fold_constants
-from .conv_tap_sum import SumLiveConvTaps
-from .dead_conv_taps import TrimDeadConvTaps
+from .conv_tap_sum import SumLiveConvTaps, live_taps
+from .dead_conv_taps import TrimDeadConvTaps, trimmed_conv2d
 from .mutation import mutate_relax_functions
 from .primitive_kinds import OPAQUE, op_kind
 from .rules import LOWERING_RULES
@@ -166,7 +166,25 @@ def lowering_stats(before: tvm.IRModule, after: tvm.IRModule) -> dict:
         "composite_lowered": lowered,
         "primitives_by_kind": dict(sorted(by_kind.items())),
         "opaque_ops": {name: n for name, n in sorted(remaining.items()) if op_kind(name) == OPAQUE},
+        "convolutions": convolution_rewrites(before),
     }
+
+
+def convolution_rewrites(mod: tvm.IRModule) -> dict:
+    """How many of `mod`'s conv2d calls lowering gives fewer taps: dead ones cut
+    (`dead_conv_taps`), or the convolution summed over its live ones (`conv_tap_sum`)."""
+    def conv2d_calls(module):
+        calls = []
+        for _, func in module.functions_items():
+            if isinstance(func, relax.Function):
+                relax.analysis.post_order_visit(func, lambda expr: calls.append(expr) if (
+                    isinstance(expr, relax.Call)
+                    and getattr(expr.op, "name", None) == "relax.nn.conv2d") else None)
+        return calls
+
+    trimmed = sum(trimmed_conv2d(call) is not None for call in conv2d_calls(mod))
+    summed = sum(live_taps(call) is not None for call in conv2d_calls(TrimDeadConvTaps()(mod)))
+    return {"dead_taps_cut": trimmed, "summed_over_live_taps": summed}
 
 
 def lower_to_primitives(mod: tvm.IRModule) -> tvm.IRModule:

@@ -17,6 +17,11 @@ def summary_lines(report: dict) -> list[str]:
     if lowering:
         kinds = ", ".join(f"{k} {v}" for k, v in sorted(lowering.get("primitives_by_kind", {}).items()))
         lines.append(f"  primitives: {kinds}")
+        convolutions = lowering.get("convolutions") or {}
+        if any(convolutions.values()):
+            lines.append(f"  convolutions with fewer taps: {convolutions.get('dead_taps_cut', 0)} "
+                         f"with dead taps cut, {convolutions.get('summed_over_live_taps', 0)} "
+                         "summed over their live taps")
     plan = report.get("plan")
     if plan:
         lines += _plan_lines(plan)
