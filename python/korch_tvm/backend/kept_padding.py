@@ -38,8 +38,9 @@ def padding_read_by_reductions(schedule, block_rvs) -> set[str]:
         source = static_size(block.reads[0].source.shape) if len(block.reads) == 1 else None
         if not padded or not source or padded > MAX_PADDED_GROWTH * source:
             continue
-        work = max((block_points(schedule.get(consumer)) or 0 for consumer
-                    in schedule.get_consumers(rv) if is_reduction(schedule.get(consumer))), default=0)
+        work = max((block_points(schedule.get(consumer)) or 0
+                    for consumer in schedule.get_consumers(rv)
+                    if is_reduction(schedule.get(consumer))), default=0)
         if work >= MIN_REDUCTION_PER_ELEMENT * padded:
             kept.add(block.name_hint)
     return kept
@@ -60,8 +61,6 @@ def _pads_with_constant(block) -> bool:
         return False
     return (isinstance(otherwise, (tvm.tirx.FloatImm, tvm.tirx.IntImm))
             and all(iv.iter_type == tvm.tirx.IterVar.DataPar for iv in block.iter_vars))
-
-
 
 
 _IF_THEN_ELSE = tvm.ir.Op.get("prim.if_then_else")
