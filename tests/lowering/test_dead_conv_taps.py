@@ -27,15 +27,15 @@ def conv_module(in_shape, weight, *, layout, stride=1, padding, dilation, groups
     return builder.get()
 
 
+def conv_calls(mod) -> list[relax.Call]:
+    calls = []
+    relax.analysis.post_order_visit(mod["main"], lambda expr: calls.append(expr) if isinstance(
+        expr, relax.Call) and getattr(expr.op, "name", "") == "relax.nn.conv2d" else None)
+    return calls
+
+
 def conv_weights(mod) -> list[tuple[int, ...]]:
-    shapes = []
-
-    def visit(expr):
-        if isinstance(expr, relax.Call) and getattr(expr.op, "name", "") == "relax.nn.conv2d":
-            shapes.append(tuple(expr.args[1].value.shape))
-
-    relax.analysis.post_order_visit(mod["main"], visit)
-    return shapes
+    return [tuple(call.args[1].value.shape) for call in conv_calls(mod)]
 
 
 def run(mod, x):
@@ -90,13 +90,6 @@ def test_an_infinite_weight_is_left_alone_and_lowering_trims():
     weight[0, 0, 0, 0] = np.inf  # times a padding zero: NaN in the original, kept so
     infinite = conv_module((1, 4, 8, 8), weight, layout="NCHW", padding=[16] * 4, dilation=16)
     assert conv_weights(TrimDeadConvTaps()(infinite)) == [(4, 4, 3, 3)]
-
-
-def conv_calls(mod) -> list[relax.Call]:
-    calls = []
-    relax.analysis.post_order_visit(mod["main"], lambda expr: calls.append(expr) if isinstance(
-        expr, relax.Call) and getattr(expr.op, "name", "") == "relax.nn.conv2d" else None)
-    return calls
 
 
 def test_live_windows_along_one_axis():

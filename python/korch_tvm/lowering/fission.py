@@ -58,7 +58,7 @@ worth searching. ``relax.op.linear`` is a Python helper that already
 emits ``permute_dims`` + ``matmul`` + ``add``, so there is no ``relax.linear`` op to lower.
 """
 
-from collections import Counter
+from collections import Counter, defaultdict
 
 import tvm
 from tvm import relax
@@ -126,25 +126,30 @@ class PrimitiveLowering:
 
 
 @relax.expr_functor.visitor
-class _OperatorCounter(relax.PyExprVisitor):
+class _OperatorCalls(relax.PyExprVisitor):
     def __init__(self):
         super().__init__()
-        self.counts = Counter()
+        self.calls = defaultdict(list)
 
     def visit_call_(self, call: relax.Call) -> None:
         if isinstance(call.op, tvm.ir.Op):
-            self.counts[call.op.name] += 1
+            self.calls[call.op.name].append(call)
         for arg in call.args:
             self.visit_expr(arg)
 
 
-def count_operators(mod: tvm.IRModule) -> Counter:
-    """Calls of each Relax operator, over every Relax function of the module."""
-    counter = _OperatorCounter()
+def operator_calls(mod: tvm.IRModule) -> dict[str, list[relax.Call]]:
+    """The calls of each Relax operator, over every Relax function of the module."""
+    visitor = _OperatorCalls()
     for _, func in mod.functions_items():
         if isinstance(func, relax.Function):
-            counter.visit_expr(func)
-    return counter.counts
+            visitor.visit_expr(func)
+    return visitor.calls
+
+
+def count_operators(mod: tvm.IRModule) -> Counter:
+    """Calls of each Relax operator, over every Relax function of the module."""
+    return Counter({name: len(calls) for name, calls in operator_calls(mod).items()})
 
 
 def lowering_stats(before: tvm.IRModule, after: tvm.IRModule) -> dict:
@@ -173,17 +178,10 @@ def lowering_stats(before: tvm.IRModule, after: tvm.IRModule) -> dict:
 def convolution_rewrites(mod: tvm.IRModule) -> dict:
     """How many of `mod`'s conv2d calls lowering gives fewer taps: dead ones cut
     (`dead_conv_taps`), or the convolution summed over its live ones (`conv_tap_sum`)."""
-    def conv2d_calls(module):
-        calls = []
-        for _, func in module.functions_items():
-            if isinstance(func, relax.Function):
-                relax.analysis.post_order_visit(func, lambda expr: calls.append(expr) if (
-                    isinstance(expr, relax.Call)
-                    and getattr(expr.op, "name", None) == "relax.nn.conv2d") else None)
-        return calls
-
-    trimmed = sum(trimmed_conv2d(call) is not None for call in conv2d_calls(mod))
-    summed = sum(live_taps(call) is not None for call in conv2d_calls(TrimDeadConvTaps()(mod)))
+    convs = operator_calls(mod)["relax.nn.conv2d"]
+    trimmed = sum(trimmed_conv2d(call) is not None for call in convs)
+    summed = sum(live_taps(call) is not None
+                 for call in operator_calls(TrimDeadConvTaps()(mod))["relax.nn.conv2d"])
     return {"dead_taps_cut": trimmed, "summed_over_live_taps": summed}
 
 
