@@ -1,5 +1,6 @@
 """The costing session: one log, runner, builder pool, time budget and scratch folder a compile."""
 
+import gc
 import os
 import time
 
@@ -10,7 +11,7 @@ from korch_tvm.config import KorchConfig
 from korch_tvm.costing.kernel_libraries import split_entry
 from korch_tvm.costing.pooled_builder import PooledBuilder
 from korch_tvm.costing.runners import links_here, local_runner, rpc_runner
-from korch_tvm.costing.session import CostingSession
+from korch_tvm.costing.session import CostingSession, open_tuning_log
 
 from test_measure import TARGET, legalized_kernels
 
@@ -43,6 +44,30 @@ def test_a_throw_away_log_and_the_builders_artifacts_go_with_the_session(tmp_pat
         assert session.builder() is session.builder()  # one pool for the session
         assert dict(os.environ) == environment
     assert not os.path.exists(scratch) and session._builder is None
+
+
+def test_a_throw_away_log_that_outlives_its_session_is_removed_with_it(tmp_path):
+    """The Korch pass opens its log outside the session (the plan keeps using it): with no
+    logs kept, its temporary folder goes when the last reference to the log does, not never."""
+    tuning_log, seed = open_tuning_log(KorchConfig(tuning_logs=None, target=TARGET),
+                                    scratch=str(tmp_path))
+    root = os.path.dirname(tuning_log.directory)
+    assert os.path.dirname(root) == str(tmp_path) and os.path.isdir(tuning_log.directory)
+    with CostingSession.open(KorchConfig(tuning_logs=None, target=TARGET), tuning_log) as session:
+        session.tuning_log.commit_run(legalized_kernels(8)["add"], [1e-5, 1e-5, 1e-5])
+    assert os.path.isdir(tuning_log.directory) and tuning_log.best_seconds(
+        legalized_kernels(8)["add"]) == 1e-5
+    database = tuning_log.database  # what ApplyTuningLog holds: it keeps the log
+    del tuning_log, seed, session
+    gc.collect()
+    assert len(database) == 1 and os.path.isdir(root)
+    del database
+    gc.collect()
+    assert os.listdir(tmp_path) == []
+    kept, _ = open_tuning_log(KorchConfig(tuning_logs=str(tmp_path / "kept"), target=TARGET))
+    del kept
+    gc.collect()
+    assert os.path.isdir(tmp_path / "kept")  # a log the user keeps stays
 
 
 def test_measuring_twice_through_one_session_measures_once(tmp_path):

@@ -18,6 +18,7 @@ import math
 import shutil
 import tempfile
 import time
+import weakref
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -57,13 +58,15 @@ PROCESS_VERDICTS = LineVerdicts()
 
 def open_tuning_log(config: KorchConfig, scratch: str | None = None,
                     verdicts: LineVerdicts | None = None) -> tuple[TuningLog, Seed | None]:
-    """The configured log, or a throw-away one under `scratch` (None: the temporary folder)
-    when the user keeps no logs, seeded when it is empty (costing/log_seeds.py), and the
-    foreign seed it uses for predictions and starting points. Both judge their lines through
-    `verdicts` (None: `PROCESS_VERDICTS`)."""
+    """The configured log, or a throw-away one under `scratch` (None: the temporary folder,
+    removed when the log object goes) when the user keeps no logs, seeded when it is empty
+    (costing/log_seeds.py), and the foreign seed it uses for predictions and starting points.
+    Both judge their lines through `verdicts` (None: `PROCESS_VERDICTS`)."""
     root = config.tuning_logs or tempfile.mkdtemp(prefix="korch-tvm-log-", dir=scratch)
     verdicts = PROCESS_VERDICTS if verdicts is None else verdicts
     tuning_log = TuningLog(root, config.target, verdicts=verdicts)
+    if not config.tuning_logs:  # the plan keeps the log past the session: it goes with the log
+        weakref.finalize(tuning_log, shutil.rmtree, root, ignore_errors=True)
     return tuning_log, seed_log(tuning_log)
 
 

@@ -70,8 +70,15 @@ class TuningLog:
         self.pending_fault: EnvironmentFault | None = None
         with self._locked():
             self._table = load_table(self._files, self.verdicts)
-        self.database = _LogDatabase(self)
         self._warn_if_timed_warm()
+
+    @property
+    def database(self) -> _LogDatabase:
+        """MetaSchedule's view of this log, made on each use: it holds the log, and the log
+        does not hold it. (A log holding its database would be a cycle through TVM's side,
+        which Python's collector cannot see: every log, its table and its throw-away folder,
+        would stay for the life of the process.)"""
+        return _LogDatabase(self)
 
     # ---- public lookups -------------------------------------------------------------------
     def has_record(self, kernel_mod: tvm.IRModule) -> bool:
