@@ -67,6 +67,19 @@ def _no_seed_logs():
     _restore("KORCH_TVM_SEED_LOGS", saved)
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _cold_unless_asked():
+    """Kernels are timed cold (operands flushed) unless a test asks for the L3 state: "auto"
+    decides by this machine's L3 size (costing/cache_state.py), which names the log directory,
+    and tests must behave alike on any machine."""
+    from korch_tvm.costing import cache_state
+
+    real = cache_state.cache_bytes
+    cache_state.cache_bytes = lambda level, *root: None if level == 3 else real(level, *root)
+    yield
+    cache_state.cache_bytes = real
+
+
 @pytest.fixture(autouse=True)
 def _private_log_cache(tmp_path_factory):
     """No test writes into the real home cache (the CLI's default log root), and none sees

@@ -19,6 +19,10 @@ LIBRARY_CHOICES = ("auto", "off")
 # beside the originals; "off" (the default: on the zoo they doubled compile time for a modelled
 # gain under 1 %, bench/results/substitutions.md) plans the graph as lowered.
 SUBSTITUTION_CHOICES = ("on", "off")
+# The cache state CPU kernels are timed from (costing/cache_state.py): "auto" picks "l3" (private
+# caches evicted, the L3 warm) for a model within half the L3 and "cold" (operands flushed to
+# memory) for a larger one.
+CACHE_STATES = ("auto", "cold", "l3")
 
 
 @dataclass(frozen=True)
@@ -79,6 +83,7 @@ class KorchConfig:
     # Korch plan's kernels whose cost is the BLAS's run as BLAS calls; "off": TVM kernels only.
     library: str = "auto"
     substitutions: str = "off"
+    cache_state: str = "auto"
 
     def __post_init__(self):
         # A frozen dataclass: the resolved target replaces the spec once, before validation.
@@ -148,6 +153,7 @@ def validate(config: KorchConfig) -> None:
     check_choice("--memory-limit", config.memory_limit, MEMORY_LIMITS)
     check_choice("--library", config.library, LIBRARY_CHOICES)
     check_choice("--substitutions", config.substitutions, SUBSTITUTION_CHOICES)
+    check_choice("--cache-state", config.cache_state, CACHE_STATES)
     check_count("max_kernel_size", config.max_kernel_size, minimum=1)
     check_number("solver_time_limit", config.solver_time_limit, minimum=0.0)
 

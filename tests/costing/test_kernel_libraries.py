@@ -53,7 +53,7 @@ def test_kernels_share_libraries_and_one_that_cannot_build_fails_alone(tmp_path)
     assert len({libraries[0], libraries[2], libraries[3]}) == 3
     assert libraries[3:] == [libraries[3]] * 3
 
-    runner = local_runner(TARGET, cache_flush=False)
+    runner = local_runner(TARGET, cache_state="warm")
     inputs = [ms.runner.RunnerInput(r.artifact_path, "cpu",
                                     ms.arg_info.ArgInfo.from_entry_func(mod, remove_preproc=True))
               for r, mod in zip(built, mods) if r.error_msg is None]

@@ -12,13 +12,14 @@ from korch_tvm.costing.kernel_costs import (KernelCost, LibraryTime, cheaper_of,
 from korch_tvm.costing.library_costs import (LIBRARY_TIMES_FILE, LibraryTimes, entry_key,
                                              read_library_times)
 from korch_tvm.costing.metaschedule_setup import SAMPLES
+from korch_tvm.costing.cache_state import EVICT_FUNCTION
 from korch_tvm.library import GemmSpec
 
 SPEC = GemmSpec(batch_shape=(12,), m=197, n=197, k=64, transpose_a=False, transpose_b=True,
                 a_batched=True, b_batched=True, a_input=0, b_input=1)
 KEY = "openblas.sbgemm batch=12 m=197 n=197 k=64 ta=0 tb=1 ab=1 bb=1"
-# three rounds, each of as many cold runs as the runner times of a TVM kernel
-COLD_ROUNDS = [(SAMPLES, True)] * 3
+# three rounds, each of as many cold runs (after TVM's flush) as the runner times of a TVM kernel
+COLD_ROUNDS = [(SAMPLES, "cache_flush_cpu_non_first_arg")] * 3
 
 
 class TimedCall:
@@ -27,9 +28,15 @@ class TimedCall:
     def __init__(self, seconds=1e-3, name="openblas.sbgemm", spec=SPEC):
         self.name, self.spec, self.seconds, self.calls = name, spec, seconds, []
 
-    def measure(self, repeats=7, cold=False):
-        self.calls.append((repeats, cold))
+    def measure(self, repeats=7, preprocess=""):
+        self.calls.append((repeats, preprocess))
         return self.seconds
+
+
+def test_library_calls_are_timed_from_the_cache_state_of_the_tvm_kernels(tmp_path):
+    call = TimedCall(2e-4)
+    assert LibraryTimes(str(tmp_path), "l3").seconds(call) == (2e-4, True)
+    assert call.calls == [(SAMPLES, EVICT_FUNCTION)] * 3
 
 
 def test_entry_key_names_the_call_and_every_shape_field():
@@ -222,7 +229,7 @@ def test_library_kernel_names_are_the_partition_names_of_library_costs():
 def test_a_time_is_the_least_of_its_rounds(tmp_path):
     call = TimedCall()
     rounds = iter([5e-3, 1e-4, 2e-3])
-    call.measure = lambda repeats=7, cold=False: next(rounds)
+    call.measure = lambda repeats=7, preprocess="": next(rounds)
     assert LibraryTimes(str(tmp_path)).seconds(call) == (1e-4, True)
 
 

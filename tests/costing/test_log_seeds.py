@@ -158,6 +158,24 @@ def test_a_compatible_log_in_the_users_own_root_seeds_too(tmp_path):
     assert seed_log(TuningLog(tmp_path, ZNVER4), []) is None
 
 
+def test_a_log_timed_from_the_l3_is_its_own_tag_and_prefers_a_seed_timed_so(tmp_path):
+    """Records timed from another cache state do not compare: an "l3" log (costing/
+    cache_state.py) is a directory of its own, the shipped cold tag never merges into it, and
+    of two compatible seeds it takes the one timed from the same state."""
+    assert tag_isa("llvm-znver4-2c-l3") == "avx512" and tag_isa("llvm-znver4-2c-l4") == "unknown"
+    seeds = tmp_path / "seeds"
+    small_log(seeds, ZNVER4)                                     # llvm-znver4-2c: cold
+    small_log(seeds, ZNVER4, tag="llvm-sapphirerapids-2c-l3")
+    local = TuningLog(tmp_path / "mine", ZNVER4, cache_state="l3")
+    assert local.directory.endswith("llvm-znver4-2c-l3")
+    seed = seed_log(local, [str(seeds)])
+    assert seed is not None and seed.tag == "llvm-sapphirerapids-2c-l3"
+    assert len(local.database) == 0  # the same CPU's cold records were not merged
+    cold = TuningLog(tmp_path / "cold", ZNVER4)
+    assert cold.directory.endswith("llvm-znver4-2c") and seed_log(cold, [str(seeds)]) is None
+    assert len(cold.database) == 2  # the shipped tag, timed cold like this log: merged
+
+
 def test_each_opening_reads_its_own_seed(tmp_path):
     """A seed is read for the log that opens it (one per costing session, so per compile),
     through that log's verdicts; no process-wide table hands a later compile the same one."""

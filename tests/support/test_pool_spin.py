@@ -46,7 +46,7 @@ def test_a_library_timing_notes_its_parallel_work(monkeypatch, tmp_path):
     from korch_tvm.library import GemmSpec, Implementation
 
     class Timed(Implementation):
-        def measure(self, repeats=7, min_repeat_seconds=2e-3, cold=False):
+        def measure(self, repeats=7, min_repeat_seconds=2e-3, preprocess=""):
             return 1e-4
 
     spec = GemmSpec((), 2, 3, 4, False, False, False, False, 0, 1)

@@ -19,6 +19,9 @@ import os
 import tempfile
 from collections import defaultdict
 
+from .cache_state import preprocessing
+from .runners import runner_cache_state
+
 LIBRARY_KERNELS = 8
 _SEPARATOR = "::"  # between a library's path and a kernel's symbol in an artifact
 
@@ -135,19 +138,20 @@ def _timed(runner, path: str, kernels: list) -> list:
     runner's worker; raises what the job raised (a time-out, the worker's crash)."""
     job = runner.pool.submit(
         time_library_job, runner.f_alloc_argument, runner.evaluator_config,
-        runner.alloc_repeat, path, str(kernels[0][1].device_type),
+        runner_cache_state(runner), runner.alloc_repeat, path, str(kernels[0][1].device_type),
         [(symbol, tuple(info.as_json() for info in item.args_info)) for symbol, item in kernels])
     return job.result()
 
 
-def time_library_job(alloc_argument, evaluator_config, alloc_repeat: int, path: str,
-                     device_type: str, kernels: list) -> list:
+def time_library_job(alloc_argument, evaluator_config, cache_state: str, alloc_repeat: int,
+                     path: str, device_type: str, kernels: list) -> list:
     """Runner-worker side: [(seconds per sample, None) or (None, error)] for each (symbol,
     argument infos) of `kernels`, timed as MetaSchedule's LocalRunner times an entry
-    function (cold CPU caches where the configuration says)."""
+    function, each timed call from `cache_state` (costing/cache_state.py)."""
     import itertools
 
     import tvm
+    from tvm.runtime import num_threads
     from tvm.s_tir.meta_schedule.runner.local_runner import default_alloc_argument
     from tvm.s_tir.meta_schedule.utils import get_global_func_with_default_on_worker
 
@@ -161,8 +165,7 @@ def time_library_job(alloc_argument, evaluator_config, alloc_repeat: int, path: 
             evaluator = library.time_evaluator(
                 symbol, device, number=evaluator_config.number, repeat=evaluator_config.repeat,
                 min_repeat_ms=evaluator_config.min_repeat_ms,
-                f_preproc=("cache_flush_cpu_non_first_arg"
-                           if evaluator_config.enable_cpu_cache_flush else ""))
+                f_preproc=preprocessing(cache_state, num_threads()))
             samples = []
             for args in alloc_argument(device, args_info, alloc_repeat):
                 device.sync()

@@ -24,6 +24,7 @@ import time
 from collections.abc import Mapping
 
 import tvm
+from tvm.runtime import num_threads
 
 from ..errors import KorchError
 from ..kernels.fused import structural_key
@@ -32,6 +33,7 @@ from ..library.epilogue_match import MAX_STEPS
 from ..support.pool_spin import note_parallel_work
 from ..support.safe_io import write_text_atomically
 from .kernel_costs import KernelCost, LibraryTime, cheaper_of
+from .cache_state import preprocessing
 from .metaschedule_setup import SAMPLES
 
 logger = logging.getLogger("korch_tvm.library_costs")
@@ -128,9 +130,11 @@ def read_library_times(path: str, warn: bool = True) -> dict[str, float]:
 
 
 class LibraryTimes:
-    """Library call times kept in `directory/library_times.json`, measured where missing."""
+    """Library call times kept in `directory/library_times.json`, measured where missing, on
+    the CPU from `cache_state` (costing/cache_state.py; the log directory is the state's)."""
 
-    def __init__(self, directory: str) -> None:
+    def __init__(self, directory: str, cache_state: str = "cold") -> None:
+        self.cache_state = cache_state
         self.path = os.path.join(directory, LIBRARY_TIMES_FILE)
         self._times = read_library_times(self.path)
         self.measured = 0  # calls this object timed (a warm second compile times none)
@@ -150,9 +154,10 @@ class LibraryTimes:
             time.sleep(SETTLE_SECONDS)
         if implementation.name.startswith("cublas."):
             rounds = (implementation.measure() for _ in range(MEASURE_ROUNDS))
-        else:  # the CPU's calls: cold, each run after a flush of its operands (most of its
-            # time), as many runs a round as the runner times of a TVM kernel
-            rounds = (implementation.measure(repeats=SAMPLES, cold=True)
+        else:  # the CPU's calls: from the cache state TVM kernels are timed from, as many
+            # runs a round as the runner times of a TVM kernel
+            preprocess = preprocessing(self.cache_state, num_threads())
+            rounds = (implementation.measure(repeats=SAMPLES, preprocess=preprocess)
                       for _ in range(MEASURE_ROUNDS))
         seconds = min(rounds)
         note_parallel_work()  # the call ran on this process's TVM pool
@@ -180,9 +185,9 @@ class LibraryCosts:
     """The library side of one costing session: which kernels have a library implementation
     (`device` "cpu": OpenBLAS, "cuda": cuBLAS), their times, and costs made the cheaper."""
 
-    def __init__(self, directory: str, device: str = "cpu") -> None:
+    def __init__(self, directory: str, device: str = "cpu", cache_state: str = "cold") -> None:
         self.device = device
-        self.times = LibraryTimes(directory)
+        self.times = LibraryTimes(directory, cache_state)
         self._implementations: dict[str, Implementation | None] = {}
 
     def implementation(self, kernel_mod: tvm.IRModule) -> Implementation | None:

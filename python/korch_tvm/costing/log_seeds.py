@@ -52,7 +52,8 @@ MIN_CALIBRATION_KERNELS = 3  # kernels timed in both logs before their ratio is 
 # The vector instruction sets told apart, widest first, and the LLVM feature that means each.
 VECTOR_ISAS = (("avx512", "avx512f"), ("avx2", "avx2"), ("avx", "avx"), ("sse", "sse2"),
                ("sve", "sve"), ("neon", "neon"))
-_LLVM_TAG = re.compile(r"llvm-(?P<cpu>[A-Za-z0-9._-]+)-(?P<cores>[0-9]+)c")
+# ... and the cache state its records were timed from (costing/cache_state.py: "-l3" or none)
+_LLVM_TAG = re.compile(r"llvm-(?P<cpu>[A-Za-z0-9._-]+)-(?P<cores>[0-9]+)c(?P<state>-l3)?")
 _CUDA_TAG = re.compile(r"cuda-sm_(?P<arch>[0-9]+)[af]?")
 
 
@@ -226,12 +227,14 @@ def _say_why_not(local_tag: str, here: str, found: list[tuple[str, str]]) -> Non
 
 
 def _distance(entry: tuple[str, str], local_tag: str, own_root: str) -> tuple:
-    """Nearest first: the same core count, the user's own logs, the most records, by name."""
+    """Nearest first: timed from the same cache state, the same core count, the user's own
+    logs, the most records, by name."""
     root, tag = entry
     cores = _LLVM_TAG.fullmatch(tag)
     mine = _LLVM_TAG.fullmatch(local_tag)
     core_gap = abs(int(cores["cores"]) - int(mine["cores"])) if cores and mine else 0
-    return (core_gap, not _same_directory(root, own_root),
+    other_state = bool(cores and mine and cores["state"] != mine["state"])
+    return (other_state, core_gap, not _same_directory(root, own_root),
             -_line_count(os.path.join(root, tag, RECORD_FILE)), tag)
 
 

@@ -14,6 +14,7 @@ from contextlib import contextmanager
 
 from ..backend.target import configure_threads
 from ..errors import KorchError, error_summary
+from .cache_state import run_evaluator
 from .metaschedule_setup import (SAMPLES, evaluator_config, evaluator_for_target,
                                  skip_gpu_tensor_intrin)
 from .measure_inputs import alloc_in_range_arguments, rpc_alloc_in_range_arguments
@@ -44,19 +45,27 @@ def rpc_runner(tracker_host: str, tracker_port: int, key: str, *, cache_flush: b
     )
 
 
-def local_runner(target, *, cache_flush: bool | None = None, threads: int | None = None):
-    """The default runner for `target`: this machine, cold caches on the CPU (as kernels run
-    inside a model) unless `cache_flush` says otherwise (None: per target); its worker runs
-    kernels on `threads` threads (None: as TVM sizes its pool there)."""
+def local_runner(target, *, cache_state: str = "cold", threads: int | None = None):
+    """The default runner for `target`: this machine, each CPU kernel timed from `cache_state`
+    ("cold", "l3": costing/cache_state.py; "warm": no step between calls), a GPU's warm (it
+    has no CPU cache); its worker runs kernels on `threads` threads (None: as TVM sizes its
+    pool there)."""
     from tvm.s_tir import meta_schedule as ms
 
-    if target.kind.name != "llvm":
-        cache_flush = False  # a GPU has no CPU cache to flush; the GPU settings time it warm
+    cpu = target.kind.name == "llvm"
     initializer = None if threads is None else functools.partial(configure_threads, threads)
-    return ms.runner.LocalRunner(evaluator_config=evaluator_for_target(target,
-                                                                       cache_flush=cache_flush),
-                                 f_alloc_argument=alloc_in_range_arguments,  # indices in range
-                                 initializer=initializer)
+    return ms.runner.LocalRunner(
+        evaluator_config=evaluator_for_target(target, cache_flush=cpu and cache_state == "cold"),
+        f_alloc_argument=alloc_in_range_arguments,  # indices in range
+        f_run_evaluator=run_evaluator if cpu and cache_state == "l3" else None,
+        initializer=initializer)
+
+
+def runner_cache_state(runner) -> str:
+    """The cache state `runner` (a `local_runner`) times CPU kernels from."""
+    if getattr(runner, "f_run_evaluator", None) is run_evaluator:
+        return "l3"
+    return "cold" if runner.evaluator_config.enable_cpu_cache_flush else "warm"
 
 
 def configured_runner(config):

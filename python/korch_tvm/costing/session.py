@@ -31,6 +31,7 @@ from ..config import KorchConfig
 from ..kernels.fused import structural_key
 from ..layout.activations import layout_trial_share
 from ..support.memo import KeyedMemo
+from . import cache_state
 from .cost_model import default_predictor
 from .kernel_costs import KernelCost, Predictor, summarize
 from .library_costs import LibraryCosts
@@ -64,7 +65,8 @@ def open_tuning_log(config: KorchConfig, scratch: str | None = None,
     Both judge their lines through `verdicts` (None: `PROCESS_VERDICTS`)."""
     root = config.tuning_logs or tempfile.mkdtemp(prefix="korch-tvm-log-", dir=scratch)
     verdicts = PROCESS_VERDICTS if verdicts is None else verdicts
-    tuning_log = TuningLog(root, config.target, verdicts=verdicts)
+    tuning_log = TuningLog(root, config.target, verdicts=verdicts,
+                           cache_state=cache_state.configured(config))
     if not config.tuning_logs:  # the plan keeps the log past the session: it goes with the log
         weakref.finalize(tuning_log, shutil.rmtree, root, ignore_errors=True)
     return tuning_log, seed_log(tuning_log)
@@ -90,6 +92,7 @@ class CostingSession:
         self.config = config
         self.target = config.target  # resolved to a Target where the config is made
         self.threads = thread_count(config.num_threads)
+        self.cache_state = cache_state.configured(config)
         self.tuning_log, self.seed, self.scratch = tuning_log, seed, scratch
         budget = config.time_budget
         self.deadline = math.inf if budget is None else time.perf_counter() + max(0.0, budget)
@@ -141,7 +144,8 @@ class CostingSession:
         if not self._runner_made:
             self._runner = configured_runner(self.config)
             if self._runner is None and device_present(self.target):
-                self._runner = local_runner(self.target, threads=self.threads)
+                self._runner = local_runner(self.target, cache_state=self.cache_state,
+                                            threads=self.threads)
             self._runner_made = True
         return self._runner
 
@@ -165,7 +169,7 @@ class CostingSession:
                 cuda = is_cuda(self.target)
                 if (load_cublas_extension if cuda else load_blas_extension)():
                     self._library = LibraryCosts(self.tuning_log.directory,
-                                                 "cuda" if cuda else "cpu")
+                                                 "cuda" if cuda else "cpu", self.cache_state)
         return self._library
 
     def with_library(self, kernels: Mapping[str, tvm.IRModule],

@@ -38,6 +38,7 @@ from tvm.s_tir.meta_schedule.database import TuningRecord, Workload
 
 from ..backend.target import inside_root, parse_target, target_tag
 from ..errors import EnvironmentFault
+from .cache_state import tag_suffix
 from .log_database import _LogDatabase, default_trace
 from .log_files import ATTEMPTS_FILE, RECORD_FILE, WORKLOAD_FILE, LogDirectory, _split_lines
 from .log_lines import (FAILED_RUN_SECONDS, LineVerdicts, _check_record_policy,
@@ -53,14 +54,17 @@ class TuningLog:
     """The tuning log of one target: lookups by kernel module and a MetaSchedule `database`."""
 
     def __init__(self, root_dir: str | os.PathLike, target="llvm", *,
-                 tag: str | None = None, verdicts: LineVerdicts | None = None) -> None:
-        """The log of `target` under `root_dir`, in `root_dir/<target tag>` (or `root_dir/tag`
-        when given: a directory of another tag, as `merge_log_directory` opens). Every line is
+                 tag: str | None = None, verdicts: LineVerdicts | None = None,
+                 cache_state: str = "cold") -> None:
+        """The log of `target` under `root_dir`, in `root_dir/<target tag>` (with its suffix for
+        records timed from `cache_state`: costing/cache_state.py), or `root_dir/tag` when
+        given (a directory of another tag, as `merge_log_directory` opens). Every line is
         judged through `verdicts` (`log_lines.LineVerdicts`; None: the log's own), which
         may be shared with other logs of the process: what was judged once is not again."""
         self.target = parse_target(target)
         self.verdicts = LineVerdicts() if verdicts is None else verdicts
-        self.directory = inside_root(os.fspath(root_dir), tag or target_tag(self.target))
+        self.directory = inside_root(os.fspath(root_dir),
+                                     tag or target_tag(self.target) + tag_suffix(cache_state))
         self._files = LogDirectory(self.directory)
         self.writable = self._files.writable
         # Trials asked per workload line: the attempts file as far as parsed (it is only ever

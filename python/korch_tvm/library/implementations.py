@@ -56,10 +56,10 @@ class Implementation:
         return relax.op.call_dps_packed(self.function, relax.Tuple(args), out_ty)
 
     def measure(self, repeats: int = 7, min_repeat_seconds: float = 2e-3,
-                cold: bool = False) -> float:
+                preprocess: str = "") -> float:
         """Median seconds per call on this machine, the packed function timed directly
-        (`cold`: each call timed alone after its operands were flushed from the CPU caches)."""
-        return time_call(self.function, self.spec, repeats, min_repeat_seconds, cold=cold)
+        (`preprocess`: see `time_call`)."""
+        return time_call(self.function, self.spec, repeats, min_repeat_seconds, preprocess)
 
 
 def implementations_for(kernel_mod: tvm.IRModule, device: str = "cpu") -> list[Implementation]:
@@ -92,11 +92,12 @@ def epilogue_text(spec: CallSpec) -> str:
 
 
 def time_call(function_name: str, spec: CallSpec, repeats: int = 7,
-              min_repeat_seconds: float = 2e-3, cold: bool = False) -> float:
+              min_repeat_seconds: float = 2e-3, preprocess: str = "") -> float:
     """Median seconds of one call over `repeats` timed runs, each of enough calls to last
     about min_repeat_seconds (the FFI call's microsecond overhead is included, as in the VM).
-    With `cold` (CPU only) each run is one call after TVM's runner flush of its operands from
-    the caches, as TVM kernels are measured: inside a model the previous kernel evicted them.
+    With `preprocess` (CPU only: the name of a global function, given every operand, as the
+    time evaluator runs one) each run is one call after it: TVM kernels are timed that way,
+    from the cache state a model leaves them (costing/cache_state.py).
     cuBLAS calls run on CUDA device 0 and are timed up to a device synchronisation."""
     assert function_name.startswith((BLAS_PREFIX, CUBLAS_PREFIX)), \
         f"not a library call: {function_name}"
@@ -119,13 +120,13 @@ def time_call(function_name: str, spec: CallSpec, repeats: int = 7,
         return (time.perf_counter() - start) / number
 
     once = max(run(1), 1e-7)                        # warm-up; also sizes the inner loop
-    if cold and not function_name.startswith(CUBLAS_PREFIX):
-        flush = tvm.get_global_func("cache_flush_cpu_non_first_arg")
+    if preprocess and not function_name.startswith(CUBLAS_PREFIX):
+        before = tvm.get_global_func(preprocess)
 
-        def run_cold() -> float:
-            flush(0, a, b, *operands, c)
+        def run_after() -> float:
+            before(0, a, b, *operands, c)  # a leading 0: TVM's flush leaves its first argument
             return run(1)
 
-        return statistics.median(run_cold() for _ in range(max(1, repeats)))
+        return statistics.median(run_after() for _ in range(max(1, repeats)))
     number = max(1, min(1000, int(min_repeat_seconds / once)))
     return statistics.median(run(number) for _ in range(max(1, repeats)))

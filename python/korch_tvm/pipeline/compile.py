@@ -22,6 +22,7 @@ from ..backend.target import configure_threads, target_tag
 from ..backend.verify import (DEFAULT_TOLERANCE, compare, onnxruntime_opset_problem,
                               onnxruntime_outputs, random_inputs, run_executable)
 from ..config import KorchConfig
+from ..costing.cache_state import choose, for_model
 from ..costing.session import CostingSession
 from ..errors import KorchError
 from ..frontend.onnx_import import (check_activations_fit, import_onnx, input_dtypes, input_shapes,
@@ -73,7 +74,10 @@ def compile_model(model, target=None, *, korch: bool = True, tuning_logs: str | 
     tvm_target = config.target  # resolved by KorchConfig
     threads = configure_threads(config.num_threads)
     source = _load_source(model, input_shapes_override, check_verifier=verify)
+    timed_from = choose(config, source.relax_module)
+    config = for_model(config, source.relax_module, timed_from)
     report = _base_report(source, config, tvm_target, korch, threads)
+    report["cache_state"] = timed_from.as_dict()
     # One costing session for the whole compile, fallback included: the log is read once and
     # the builders start once; it stays open through the build and the verification, which
     # read the plan's log (a throw-away one lives in the session's scratch folder).
@@ -203,6 +207,7 @@ def tune_model(model, target=None, *, korch: bool = True, tuning_logs: str | Non
         raise KorchError("tuning needs --tuning-logs DIR: without a log the results are lost")
     threads = configure_threads(config.num_threads)
     source = _load_source(model, input_shapes_override, check_verifier=False)
+    config = for_model(config, source.relax_module)
     with scratch_directory(), CostingSession.open(config) as session:
         if korch and has_operators(source.relax_module):
             from .korch import plan_korch

@@ -20,6 +20,7 @@ import tvm
 from ..backend.rewrite import library_kernel_names, rewrite_with_plan
 from ..backend.schedule_counts import schedule_counts
 from ..config import KorchConfig
+from ..costing.cache_state import for_model
 from ..costing.kernel_costs import summarize
 from ..costing.measure import KernelCost
 from ..costing.session import CostingSession, open_tuning_log
@@ -57,6 +58,7 @@ def plan_korch(mod: tvm.IRModule, config: KorchConfig, *, predict_only: bool = F
     (default: one opened here on `config`'s tuning log).
     """
     if session is None:  # opened here: its log outlives it, in the plan
+        config = for_model(config, mod)
         with CostingSession.open(config, *open_tuning_log(config)) as opened:
             return plan_korch(mod, config, predict_only=predict_only, measure_with=measure_with,
                               session=opened)

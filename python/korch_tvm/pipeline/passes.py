@@ -23,6 +23,7 @@ import tvm
 
 from ..backend.rewrite import apply_tuning_log, share_identical_kernels, use_library_kernels
 from ..config import KorchConfig
+from ..costing.cache_state import for_model
 from ..costing.session import CostingSession, open_tuning_log
 from ..kernels.weight_packing import mark_layout_free_weights
 from ..layout.activations import convert_layout
@@ -180,10 +181,10 @@ class KorchPass:
         self.raised: BaseException | None = None
 
     def transform_module(self, mod: tvm.IRModule, ctx) -> tvm.IRModule:
-        with _keeping_raised(self), _given_or_own(self.config, self.session) as session:
-            planning = PlanKorch(self.config, session)
-            optimized = run_pipeline(korch_pipeline(self.config, session, planning), mod,
-                                     planning)
+        config = for_model(self.config, mod)
+        with _keeping_raised(self), _given_or_own(config, self.session) as session:
+            planning = PlanKorch(config, session)
+            optimized = run_pipeline(korch_pipeline(config, session, planning), mod, planning)
             self.last_plan = planning.last_plan
             self.last_report = korch_report(self.last_plan, optimized, planning.planned_at)
         return optimized

@@ -18,6 +18,7 @@ from ..backend.schedule_counts import schedule_counts
 from ..config import KorchConfig
 from ..costing.in_model import load_in_model_times
 from ..costing.kernel_costs import merge_summaries
+from ..costing.cache_state import for_model
 from ..costing.session import CostingSession
 from ..kernels.fused import kernel_module, structural_key
 from ..kernels.kinds import kind_times, module_kernel_kinds
@@ -74,7 +75,7 @@ def run_stock(mod: tvm.IRModule, config: KorchConfig, session: CostingSession | 
     session (None: one opened for this call).
     """
     if session is None:
-        with CostingSession.open(config) as opened:
+        with CostingSession.open(for_model(config, mod)) as opened:
             return run_stock(mod, config, opened)
     choice = choose_stock_layout(mod, config, session)
     tuned = apply_tuning_log(choice.fused, session.tuning_log.database, session.target)
@@ -92,7 +93,7 @@ def choose_stock_layout(mod: tvm.IRModule, config: KorchConfig,
     its log, runner, builder pool and time budget.
     """
     if session is None:
-        with CostingSession.open(config) as opened:
+        with CostingSession.open(for_model(config, mod)) as opened:
             return choose_stock_layout(mod, config, opened)
     best, results = in_best_layout(
         mod, config.layout,

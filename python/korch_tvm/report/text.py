@@ -49,6 +49,11 @@ def _costing_lines(report: dict) -> list[str]:
     schedules = _schedule_line(report)
     if schedules:
         lines.append(schedules)
+    cache = report.get("cache_state")
+    if cache:
+        timed_from = {"l3": "operands in the L3", "cold": "operands flushed to memory"}
+        lines.append(f"  kernels timed with their {timed_from.get(cache['state'], cache['state'])}"
+                     + (f" ({cache['reason']})" if cache.get("reason") else ""))
     return lines
 
 

@@ -43,7 +43,8 @@ from .bench_stats import GAP_MS
 
 # The shared flags bench takes, from the one table in flags.py.
 BENCH_FLAGS = ("target", "tuning_logs", "trials", "trials_per_kernel", "time_budget",
-               "prune_margin", "input_shape", "threads", "exact_math", "layout", "library")
+               "prune_margin", "input_shape", "threads", "exact_math", "layout", "library",
+               "cache_state")
 
 
 def add_arguments(parser) -> None:

@@ -91,7 +91,8 @@ def bench_model(model: str, settings: Mapping | None = None, *, input_shapes=Non
         log("profile by kernel kind ...")
         rows = _profile_into(result, runtimes, libraries, reports)
         if calibrate:
-            _calibrate(result, rows, config, settings["tuning_logs"], model, log)
+            _calibrate(result, rows, config, settings["tuning_logs"], model, log,
+                       (reports["korch"].get("cache_state") or {}).get("state", "cold"))
         from ..pipeline.compile import _load_source
 
         source = _load_source(os.path.abspath(model), input_shapes)
@@ -182,11 +183,14 @@ def _memory_into(result: dict, runtimes: Runtimes, libraries: Mapping, log) -> N
     log(f"inference peak memory (MB above baseline): {result['inference_memory_mb']}")
 
 
-def _calibrate(result: dict, rows: Mapping, config, tuning_logs: str, model: str, log) -> None:
+def _calibrate(result: dict, rows: Mapping, config, tuning_logs: str, model: str, log,
+               cache_state: str) -> None:
+    """Keep the in-model/isolated ratios in the log the compiles used (`cache_state`'s)."""
     from ..backend.target import target_tag
+    from ..costing.cache_state import tag_suffix
     from ..costing.in_model import record_in_model_times
 
-    directory = os.path.join(tuning_logs, target_tag(config.target))
+    directory = os.path.join(tuning_logs, target_tag(config.target) + tag_suffix(cache_state))
     stem = os.path.splitext(os.path.basename(model))[0]
     kept = record_in_model_times(directory, rows["stock"] + rows["korch"], stem)
     result["in_model"]["recorded"] = kept

@@ -49,6 +49,7 @@ def compile_summary(report: Mapping) -> dict:
         "layout_modelled_ms": {layout: entry["modelled_ms"]
                                for layout, entry in report.get("layouts", {}).items()},
         "layouts_stopped": report.get("layouts_stopped", []),  # could not win: unplanned
+        "cache_state": report.get("cache_state"),  # what kernels were timed from, and why
     }
     if plan:
         gaps = [entry["gap"] for entry in plan.get("solver", []) if entry.get("gap") is not None]

@@ -26,7 +26,7 @@ EXIT_INTERRUPTED = 130
 # What compile and tune share: every flag from the one table in flags.py.
 COMPILE_FLAGS = ("target", "tuning_logs", "trials", "trials_per_kernel", "time_budget",
                  "input_shape", "threads", "exact_math", "layout", "memory_limit", "library",
-                 "substitutions", "rpc_tracker", "rpc_key")
+                 "substitutions", "cache_state", "rpc_tracker", "rpc_key")
 
 
 def _add_common(parser: argparse.ArgumentParser) -> None:

@@ -22,7 +22,7 @@ FORMATS = ("text", "json", "html", "dot")
 
 # The shared flags explain takes, from the one table in flags.py.
 EXPLAIN_FLAGS = ("target", "tuning_logs", "trials", "time_budget", "layout", "input_shape",
-                 "threads", "solver_time_limit", "substitutions", "library")
+                 "threads", "solver_time_limit", "substitutions", "library", "cache_state")
 
 
 def add_arguments(parser) -> None:

@@ -12,7 +12,8 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass, field
 
-from ..config import LAYOUT_CHOICES, LIBRARY_CHOICES, MEMORY_LIMITS, SUBSTITUTION_CHOICES
+from ..config import (CACHE_STATES, LAYOUT_CHOICES, LIBRARY_CHOICES, MEMORY_LIMITS,
+                      SUBSTITUTION_CHOICES)
 from .common import shape_arg
 
 
@@ -110,6 +111,12 @@ FLAGS: dict[str, Flag] = {flag.name: flag for flag in (
         help="'on': graph rewrites (substitutions/) are offered to the solver beside the "
              "original primitives, and used only where their kernels are cheaper (about twice "
              "the compile time); 'off' (default): the graph as lowered"), "substitutions"),
+    Flag(("--cache-state",), dict(
+        choices=CACHE_STATES, default="auto",
+        help="what CPU kernels find in the caches when timed: 'l3' = their operands in the L3 "
+             "(private caches evicted), 'cold' = in memory; 'auto' (default): 'l3' for a model "
+             "within half the L3, as it runs there; each state keeps its own tuning log"),
+         "cache_state"),
     Flag(("--prune-margin",), dict(
         type=float, default=None,
         help="Korch's pruning margin (default: KorchConfig's; 'inf' costs every candidate)"),

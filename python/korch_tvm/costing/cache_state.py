@@ -1,0 +1,200 @@
+"""The cache state a CPU kernel is timed from, chosen to match how the model will run it.
+
+Inside a model a kernel finds its input just written by the kernel before it, and, where the
+whole model fits in the last-level cache, its weights and its output's storage there too: in
+steady state nothing comes from memory. Timed after TVM's flush of its operands to memory, small
+models' kernels cost up to 1.5x what they take in the model on a host with a large L3, and the
+solver adds those costs up (bench/results/cache-state/). So each compile times in one of two
+states:
+
+* "cold": before each timed call its operands but the first are flushed from every cache level
+  (TVM's `cache_flush_cpu_non_first_arg`): a model larger than half the L3 streams from memory;
+* "l3": before each timed call every pool thread's private caches are evicted into the shared
+  L3, by reading a buffer twice their size on each thread: a model within half the L3.
+
+Half, since the L3 also holds the runtime, other processes' lines and, where it is
+non-inclusive, not what sits in the private caches. "auto" picks per model (`for_model`);
+remote and GPU targets are timed as before. Records timed in different states do not compare,
+so an "l3" log is a directory of its own, its tag ending in `L3_SUFFIX`.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import math
+import os
+from dataclasses import dataclass
+
+import numpy as np
+
+L3_SUFFIX = "-l3"
+EVICT_FUNCTION = "korch_tvm.evict_private_caches"
+FLUSH_FUNCTION = "cache_flush_cpu_non_first_arg"  # TVM's
+_CACHE_ROOT = "/sys/devices/system/cpu/cpu0/cache"
+_UNITS = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+# Without sysfs (another OS, a sandbox): a private L2 of this size is assumed when evicting.
+DEFAULT_L2_BYTES = 2 << 20
+
+
+def cache_bytes(level: int, root: str = _CACHE_ROOT) -> int | None:
+    """The size of this CPU's data cache of `level` as sysfs gives it (per core for L1 and
+    L2, per group of cores sharing it for L3); None where sysfs does not say."""
+    try:
+        for index in sorted(os.listdir(root)):
+            read = functools.partial(_read, os.path.join(root, index))
+            if read("level") == str(level) and read("type") in ("Data", "Unified"):
+                text = read("size")
+                scale = _UNITS.get(text[-1:], 1)
+                return int(text.rstrip("KMG")) * scale
+    except (OSError, ValueError):
+        pass
+    return None
+
+
+def _read(directory: str, name: str) -> str:
+    with open(os.path.join(directory, name)) as file:
+        return file.read().strip()
+
+
+@dataclass(frozen=True)
+class Choice:
+    """The state a compile times in, and what decided it (for the report)."""
+
+    state: str
+    footprint_bytes: int | None = None
+    l3_bytes: int | None = None
+    reason: str = ""
+
+    def as_dict(self) -> dict:
+        return {"state": self.state, "footprint_bytes": self.footprint_bytes,
+                "l3_bytes": self.l3_bytes, "reason": self.reason}
+
+
+def choose(config, mod) -> Choice:
+    """The state for compiling `mod` (a Relax module) with `config` (see the module
+    docstring); `config.cache_state` itself unless it is "auto"."""
+    if config.cache_state != "auto":
+        return Choice(config.cache_state, reason="as configured")
+    if config.target.kind.name != "llvm" or config.rpc_tracker:
+        return Choice("cold", reason="timed on another device")
+    l3, footprint = cache_bytes(3), model_footprint(mod)
+    if l3 is None:
+        return Choice("cold", footprint, None, "the L3's size is unknown")
+    fits = footprint <= l3 // 2
+    return Choice("l3" if fits else "cold", footprint, l3,
+                  f"the model's {footprint / 2**20:.0f} MiB {'fit' if fits else 'exceed'} "
+                  f"half the {l3 / 2**20:.0f} MiB L3")
+
+
+def configured(config) -> str:
+    """The state a compile of `config` times in: its own once decided; "cold" while it is
+    "auto" (no model known yet: what korch_tvm always did) and off the host's CPU."""
+    if config.cache_state == "auto" or config.target.kind.name != "llvm" or config.rpc_tracker:
+        return "cold"
+    return config.cache_state
+
+
+def for_model(config, mod, choice: Choice | None = None):
+    """`config` with its cache state decided for `mod` (`choice`: made already) or kept."""
+    if config.cache_state != "auto":
+        return config
+    return config.with_changes(cache_state=(choice or choose(config, mod)).state)
+
+
+def model_footprint(mod) -> int:
+    """Bytes a run of `mod` touches at most: its constants, its functions' parameters and every
+    bound tensor of static shape (views and reused storage counted again: an upper bound)."""
+    import tvm
+    from tvm import relax
+
+    sizes, seen = [], set()
+
+    def add(ty) -> None:
+        if isinstance(ty, relax.TupleType):
+            for field in ty.fields:
+                add(field)
+        elif isinstance(ty, relax.TensorType) and hasattr(ty.shape, "values"):
+            extents = [getattr(extent, "value", None) for extent in ty.shape.values]
+            if all(isinstance(extent, int) for extent in extents):
+                element = tvm.DataType(str(ty.dtype))
+                sizes.append(math.prod(extents) * max(1, element.bits * element.lanes // 8))
+
+    def visit(expr) -> None:
+        if expr in seen:  # each use of a variable is visited, not each variable
+            return
+        seen.add(expr)
+        if isinstance(expr, (relax.Var, tvm.ir.expr.Constant)):
+            add(getattr(expr, "ty", None))  # a PrimExpr constant has no tensor type
+
+    for function in mod.functions.values():
+        if isinstance(function, relax.Function):
+            relax.analysis.post_order_visit(function, visit)
+    return sum(sizes)
+
+
+def tag_suffix(state: str) -> str:
+    """What a log directory's tag gains for records timed in `state`."""
+    return L3_SUFFIX if state == "l3" else ""
+
+
+def preprocessing(state: str, threads: int) -> str:
+    """The global function the time evaluator runs before each timed call in `state` (made
+    here for "l3"), "" for none."""
+    if state == "l3":
+        return register_evict(threads)
+    return FLUSH_FUNCTION if state == "cold" else ""
+
+
+def register_evict(threads: int) -> str:
+    """`EVICT_FUNCTION`, registered in this process for a pool of `threads` threads."""
+    import tvm
+
+    if tvm.get_global_func(EVICT_FUNCTION, allow_missing=True) is None:
+        private = cache_bytes(2) or DEFAULT_L2_BYTES
+        evict = _parallel_reader(max(1, threads), 2 * private)
+        def evict_before_call(*operands) -> None:  # returns nothing: the evaluator wants none
+            evict()
+
+        tvm.register_global_func(EVICT_FUNCTION, evict_before_call)
+    return EVICT_FUNCTION
+
+
+@functools.lru_cache(maxsize=None)
+def _parallel_reader(threads: int, bytes_per_thread: int):
+    """A call that reads `bytes_per_thread` on each of `threads` pool threads (a parallel loop
+    runs on the same pool threads that run kernels, so their private caches are the ones
+    refilled with the buffer, their previous lines pushed out to the L3)."""
+    import tvm
+    from tvm.script import tirx as T
+
+    chunk = bytes_per_thread // 4
+
+    @T.prim_func
+    def read(data: T.Buffer((threads * chunk,), "float32"), sums: T.Buffer((threads,), "float32")):
+        T.func_attr({"global_symbol": "read", "tir.noalias": True})
+        for thread in T.parallel(threads):
+            sums[thread] = T.float32(0)
+            for i in range(chunk):
+                sums[thread] = sums[thread] + data[thread * chunk + i]
+
+    function = tvm.compile(tvm.IRModule({"read": read}), target="llvm")["read"]
+    data = tvm.runtime.tensor(np.ones(threads * chunk, "float32"))
+    sums = tvm.runtime.tensor(np.zeros(threads, "float32"))
+    return lambda: function(data, sums) or sums  # the sums: what a test checks
+
+
+def run_evaluator(rt_mod, device, evaluator_config, repeated_args) -> list[float]:
+    """MetaSchedule's LocalRunner step for the "l3" state: each argument set timed
+    `evaluator_config.repeat` times, every timed call after the private caches' eviction."""
+    from tvm.runtime import num_threads
+
+    evaluator = rt_mod.time_evaluator(
+        rt_mod.entry_name, device, number=evaluator_config.number,
+        repeat=evaluator_config.repeat, min_repeat_ms=evaluator_config.min_repeat_ms,
+        f_preproc=register_evict(num_threads()))
+    samples = []
+    for args in repeated_args:
+        device.sync()
+        samples.append(evaluator(*args).results)
+    return [float(seconds) for seconds in itertools.chain.from_iterable(samples)]
