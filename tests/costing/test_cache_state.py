@@ -75,8 +75,9 @@ def test_a_model_within_half_the_l3_is_timed_from_the_l3_and_a_larger_one_cold(m
     assert choose(config, mod).reason == f"the model's 0 MiB fit half the {1 << 20} MiB L3"
     # chosen by the user, or measured elsewhere: as before
     assert for_model(config.with_changes(cache_state="cold"), mod).cache_state == "cold"
-    assert for_model(config.with_changes(rpc_tracker="h:9", rpc_key="k"), mod).cache_state \
-        == "cold"
+    remote = config.with_changes(rpc_tracker="h:9", rpc_key="k")
+    assert for_model(remote, mod).cache_state == "cold"
+    assert choose(remote.with_changes(cache_state="l3"), mod).state == "cold"  # not this CPU
     with pytest.raises(KorchError, match="--cache-state"):
         KorchConfig(cache_state="warm")
 

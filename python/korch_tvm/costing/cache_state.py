@@ -74,10 +74,10 @@ class Choice:
 def choose(config, mod) -> Choice:
     """The state for compiling `mod` (a Relax module) with `config` (see the module
     docstring); `config.cache_state` itself unless it is "auto"."""
-    if config.cache_state != "auto":
-        return Choice(config.cache_state, reason="as configured")
     if config.target.kind.name != "llvm" or config.rpc_tracker:
         return Choice("cold", reason="timed on another device")
+    if config.cache_state != "auto":
+        return Choice(config.cache_state, reason="as configured")
     l3, footprint = cache_bytes(3), model_footprint(mod)
     if l3 is None:
         return Choice("cold", footprint, None, "the L3's size is unknown")
