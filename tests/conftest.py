@@ -71,13 +71,11 @@ def _no_seed_logs():
 def _cold_unless_asked():
     """Kernels are timed cold (operands flushed) unless a test asks for the L3 state: "auto"
     decides by this machine's L3 size (costing/cache_state.py), which names the log directory,
-    and tests must behave alike on any machine."""
-    from korch_tvm.costing import cache_state
-
-    real = cache_state.cache_bytes
-    cache_state.cache_bytes = lambda level, *root: None if level == 3 else real(level, *root)
+    and tests must behave alike on any machine (subprocesses inherit the setting)."""
+    saved = os.environ.get("KORCH_TVM_L3_BYTES")
+    os.environ["KORCH_TVM_L3_BYTES"] = "0"  # unknown: cold
     yield
-    cache_state.cache_bytes = real
+    _restore("KORCH_TVM_L3_BYTES", saved)
 
 
 @pytest.fixture(autouse=True)

@@ -8,8 +8,9 @@ from onnx import TensorProto, helper, numpy_helper
 
 from korch_tvm.config import KorchConfig
 from korch_tvm.costing import cache_state
-from korch_tvm.costing.cache_state import (EVICT_FUNCTION, FLUSH_FUNCTION, cache_bytes, choose,
-                                           for_model, model_footprint, preprocessing)
+from korch_tvm.costing.cache_state import (EVICT_FUNCTION, FLUSH_FUNCTION, L3_VARIABLE,
+                                           cache_bytes, choose, for_model, model_footprint,
+                                           preprocessing)
 from korch_tvm.costing.runners import local_runner, runner_cache_state
 from korch_tvm.costing.session import CostingSession
 from korch_tvm.backend.target import target_tag
@@ -66,13 +67,19 @@ def test_a_model_within_half_the_l3_is_timed_from_the_l3_and_a_larger_one_cold(m
     footprint = model_footprint(mod)
     config = KorchConfig(target=TARGET)
     assert config.cache_state == "auto"
-    for l3, state in [(2 * footprint, "l3"), (2 * footprint - 2, "cold"), (None, "cold")]:
-        monkeypatch.setattr(cache_state, "cache_bytes", lambda level, l3=l3: l3)
+    for l3, state in [(2 * footprint, "l3"), (2 * footprint - 2, "cold"), (0, "cold")]:
+        monkeypatch.setenv(L3_VARIABLE, str(l3))
         choice = choose(config, mod)
         assert choice.state == state and for_model(config, mod).cache_state == state
-        assert choice.footprint_bytes == footprint and choice.l3_bytes == l3
-    monkeypatch.setattr(cache_state, "cache_bytes", lambda level: 1 << 40)
+        assert choice.footprint_bytes == footprint and choice.l3_bytes == (l3 or None)
+    monkeypatch.setenv(L3_VARIABLE, str(1 << 40))
     assert choose(config, mod).reason == f"the model's 0 MiB fit half the {1 << 20} MiB L3"
+    monkeypatch.setenv(L3_VARIABLE, "")  # not set: what sysfs says
+    monkeypatch.setattr(cache_state, "cache_bytes", lambda level: 4 * footprint)
+    assert choose(config, mod).state == "l3"
+    monkeypatch.setenv(L3_VARIABLE, "32M")
+    with pytest.raises(KorchError, match="KORCH_TVM_L3_BYTES must be a whole number of bytes"):
+        choose(config, mod)
     # chosen by the user, or measured elsewhere: as before
     assert for_model(config.with_changes(cache_state="cold"), mod).cache_state == "cold"
     remote = config.with_changes(rpc_tracker="h:9", rpc_key="k")
@@ -108,7 +115,7 @@ def test_a_session_timing_from_the_l3_has_its_runner_and_log(tmp_path):
 
 def test_a_compile_of_a_model_within_half_the_l3_times_from_it_and_says_so(tmp_path,
                                                                           monkeypatch):
-    monkeypatch.setattr(cache_state, "cache_bytes", lambda level, *root: 1 << 30)
+    monkeypatch.setenv(L3_VARIABLE, str(1 << 30))
     executable, report = compile_model(make_tiny_onnx(8, 16), korch=True,
                                        tuning_logs=str(tmp_path), time_budget=30.0)
     assert report["cache_state"]["state"] == "l3" and report["verification"]["passed"]

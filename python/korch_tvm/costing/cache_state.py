@@ -28,7 +28,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..errors import KorchError
+
 L3_SUFFIX = "-l3"
+L3_VARIABLE = "KORCH_TVM_L3_BYTES"
 EVICT_FUNCTION = "korch_tvm.evict_private_caches"
 FLUSH_FUNCTION = "cache_flush_cpu_non_first_arg"  # TVM's
 _CACHE_ROOT = "/sys/devices/system/cpu/cpu0/cache"
@@ -50,6 +53,18 @@ def cache_bytes(level: int, root: str = _CACHE_ROOT) -> int | None:
     except (OSError, ValueError):
         pass
     return None
+
+
+def l3_bytes() -> int | None:
+    """The L3 size "auto" compares a model with: `$KORCH_TVM_L3_BYTES` where set (0: unknown,
+    so every model is timed cold; a VM's sysfs may report a cache other tenants share), else
+    what sysfs says."""
+    text = os.environ.get(L3_VARIABLE, "").strip()
+    if not text:
+        return cache_bytes(3)
+    if not text.isdigit():
+        raise KorchError(f"{L3_VARIABLE} must be a whole number of bytes, got {text!r}")
+    return int(text) or None
 
 
 def _read(directory: str, name: str) -> str:
@@ -78,7 +93,7 @@ def choose(config, mod) -> Choice:
         return Choice("cold", reason="timed on another device")
     if config.cache_state != "auto":
         return Choice(config.cache_state, reason="as configured")
-    l3, footprint = cache_bytes(3), model_footprint(mod)
+    l3, footprint = l3_bytes(), model_footprint(mod)
     if l3 is None:
         return Choice("cold", footprint, None, "the L3's size is unknown")
     fits = footprint <= l3 // 2
