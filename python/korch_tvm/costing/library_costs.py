@@ -32,8 +32,8 @@ from ..library import Implementation, implementations_for
 from ..library.epilogue_match import MAX_STEPS
 from ..support.pool_spin import note_parallel_work
 from ..support.safe_io import write_text_atomically
-from .kernel_costs import KernelCost, LibraryTime, cheaper_of
 from .cache_state import preprocessing
+from .kernel_costs import KernelCost, LibraryTime, cheaper_of
 from .metaschedule_setup import SAMPLES
 
 logger = logging.getLogger("korch_tvm.library_costs")
