@@ -16,9 +16,9 @@ from tvm import relax
 from ..backend.rewrite import apply_tuning_log
 from ..backend.schedule_counts import schedule_counts
 from ..config import KorchConfig
+from ..costing.cache_state import for_model
 from ..costing.in_model import load_in_model_times
 from ..costing.kernel_costs import merge_summaries
-from ..costing.cache_state import for_model
 from ..costing.session import CostingSession
 from ..kernels.fused import kernel_module, structural_key
 from ..kernels.kinds import kind_times, module_kernel_kinds
