@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import functools
 import itertools
-import math
 import os
 from dataclasses import dataclass
 
@@ -89,7 +88,7 @@ class Choice:
 def choose(config, mod) -> Choice:
     """The state for compiling `mod` (a Relax module) with `config` (see the module
     docstring); `config.cache_state` itself unless it is "auto"."""
-    if config.target.kind.name != "llvm" or config.rpc_tracker:
+    if not _on_this_cpu(config):
         return Choice("cold", reason="timed on another device")
     if config.cache_state != "auto":
         return Choice(config.cache_state, reason="as configured")
@@ -105,9 +104,13 @@ def choose(config, mod) -> Choice:
 def configured(config) -> str:
     """The state a compile of `config` times in: its own once decided; "cold" while it is
     "auto" (no model known yet: what korch_tvm always did) and off the host's CPU."""
-    if config.cache_state == "auto" or config.target.kind.name != "llvm" or config.rpc_tracker:
-        return "cold"
-    return config.cache_state
+    return config.cache_state if config.cache_state != "auto" and _on_this_cpu(config) \
+        else "cold"
+
+
+def _on_this_cpu(config) -> bool:
+    """Whether `config`'s kernels are timed on this machine's CPU (not a GPU, not remotely)."""
+    return config.target.kind.name == "llvm" and not config.rpc_tracker
 
 
 def for_model(config, mod, choice: Choice | None = None):
@@ -123,6 +126,8 @@ def model_footprint(mod) -> int:
     import tvm
     from tvm import relax
 
+    from ..graph.primitive_graph import tensor_bytes
+
     sizes, seen = [], set()
 
     def add(ty) -> None:
@@ -132,8 +137,7 @@ def model_footprint(mod) -> int:
         elif isinstance(ty, relax.TensorType) and hasattr(ty.shape, "values"):
             extents = [getattr(extent, "value", None) for extent in ty.shape.values]
             if all(isinstance(extent, int) for extent in extents):
-                element = tvm.DataType(str(ty.dtype))
-                sizes.append(math.prod(extents) * max(1, element.bits * element.lanes // 8))
+                sizes.append(tensor_bytes(extents, str(ty.dtype)))
 
     def visit(expr) -> None:
         if expr in seen:  # each use of a variable is visited, not each variable
@@ -196,20 +200,33 @@ def _parallel_reader(threads: int, bytes_per_thread: int):
     function = tvm.compile(tvm.IRModule({"read": read}), target="llvm")["read"]
     data = tvm.runtime.tensor(np.ones(threads * chunk, "float32"))
     sums = tvm.runtime.tensor(np.zeros(threads, "float32"))
-    return lambda: function(data, sums) or sums  # the sums: what a test checks
+
+    def read_buffer():
+        function(data, sums)
+        return sums  # what each thread read: a test checks it
+
+    return read_buffer
 
 
-def run_evaluator(rt_mod, device, evaluator_config, repeated_args) -> list[float]:
-    """MetaSchedule's LocalRunner step for the "l3" state: each argument set timed
-    `evaluator_config.repeat` times, every timed call after the private caches' eviction."""
+def timed_samples(module, symbol: str, device, evaluator_config, state: str,
+                  repeated_args) -> list[float]:
+    """Seconds per sample of `module`'s `symbol`, each argument set timed as
+    `evaluator_config` says, every timed call from `state` (as MetaSchedule's LocalRunner
+    times an entry function, with this module's step before each call)."""
     from tvm.runtime import num_threads
 
-    evaluator = rt_mod.time_evaluator(
-        rt_mod.entry_name, device, number=evaluator_config.number,
-        repeat=evaluator_config.repeat, min_repeat_ms=evaluator_config.min_repeat_ms,
-        f_preproc=register_evict(num_threads()))
+    evaluator = module.time_evaluator(
+        symbol, device, number=evaluator_config.number, repeat=evaluator_config.repeat,
+        min_repeat_ms=evaluator_config.min_repeat_ms,
+        f_preproc=preprocessing(state, num_threads()))
     samples = []
     for args in repeated_args:
         device.sync()
         samples.append(evaluator(*args).results)
     return [float(seconds) for seconds in itertools.chain.from_iterable(samples)]
+
+
+def run_evaluator(rt_mod, device, evaluator_config, repeated_args) -> list[float]:
+    """MetaSchedule's LocalRunner step for the "l3" state (`timed_samples` of its entry)."""
+    return timed_samples(rt_mod, rt_mod.entry_name, device, evaluator_config, "l3",
+                         repeated_args)

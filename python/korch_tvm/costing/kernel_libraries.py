@@ -19,7 +19,7 @@ import os
 import tempfile
 from collections import defaultdict
 
-from .cache_state import preprocessing
+from .cache_state import timed_samples
 from .runners import runner_cache_state
 
 LIBRARY_KERNELS = 8
@@ -148,10 +148,7 @@ def time_library_job(alloc_argument, evaluator_config, cache_state: str, alloc_r
     """Runner-worker side: [(seconds per sample, None) or (None, error)] for each (symbol,
     argument infos) of `kernels`, timed as MetaSchedule's LocalRunner times an entry
     function, each timed call from `cache_state` (costing/cache_state.py)."""
-    import itertools
-
     import tvm
-    from tvm.runtime import num_threads
     from tvm.s_tir.meta_schedule.runner.local_runner import default_alloc_argument
     from tvm.s_tir.meta_schedule.utils import get_global_func_with_default_on_worker
 
@@ -162,15 +159,9 @@ def time_library_job(alloc_argument, evaluator_config, cache_state: str, alloc_r
     outcomes = []
     for symbol, args_info in kernels:
         try:
-            evaluator = library.time_evaluator(
-                symbol, device, number=evaluator_config.number, repeat=evaluator_config.repeat,
-                min_repeat_ms=evaluator_config.min_repeat_ms,
-                f_preproc=preprocessing(cache_state, num_threads()))
-            samples = []
-            for args in alloc_argument(device, args_info, alloc_repeat):
-                device.sync()
-                samples.append(evaluator(*args).results)
-            outcomes.append(([float(s) for s in itertools.chain.from_iterable(samples)], None))
+            repeated_args = alloc_argument(device, args_info, alloc_repeat)
+            outcomes.append((timed_samples(library, symbol, device, evaluator_config,
+                                           cache_state, repeated_args), None))
         except Exception as err:  # noqa: BLE001 - TVM raises its own error types
             outcomes.append((None, f"{type(err).__name__}: {err}"))
     return outcomes

@@ -81,9 +81,14 @@ class PrimitiveNode:
         for shape, dtype in zip(self.out_shapes, self.out_dtypes):
             if not all(isinstance(extent, int) for extent in shape):
                 return None
-            element = tvm.DataType(dtype)
-            total += math.prod(shape) * max(1, element.bits * element.lanes // 8)
+            total += tensor_bytes(shape, dtype)
         return total
+
+
+def tensor_bytes(shape, dtype: str) -> int:
+    """Bytes of a tensor of static `shape` (ints) and `dtype` (a sub-byte element counts 1)."""
+    element = tvm.DataType(dtype)
+    return math.prod(shape) * max(1, element.bits * element.lanes // 8)
 
 
 @dataclass(frozen=True)
