@@ -92,6 +92,35 @@ def test_interleaved_samples_order_number_and_gap():
     assert sleeps == [0.001] * 9
 
 
+def test_interleaved_samples_settle_calls_are_untimed():
+    """A sample's first `settle` calls run after the gap and are left out of its time: here the
+    first call of each sample is ten times slower (weights back from memory), and the samples
+    are the steady calls alone."""
+    now, calls, since_gap = [0.0], [], {"a": True, "b": True}
+
+    def runner(name, seconds):
+        def call():
+            calls.append(name)
+            now[0] += seconds * (10 if since_gap[name] else 1)
+            since_gap[name] = False
+        return call
+
+    def sleep(_seconds):
+        for name in since_gap:
+            since_gap[name] = True
+
+    runners = {"a": runner("a", 0.004), "b": runner("b", 0.010)}
+    samples = bench_stats.interleaved_samples(runners, 2, warmup=1, min_sample_s=0.02, gap_s=0.3,
+                                              settle=1, clock=lambda: now[0], sleep=sleep)
+    # warm-up 'a' (slow, timed 0.04) and 'b' (0.1) -> 1 call a sample; one settle call each
+    assert calls == ["a", "b"] + ["a", "a", "b", "b"] * 2
+    assert samples["a"] == pytest.approx([0.004] * 2)
+    assert samples["b"] == pytest.approx([0.010] * 2)
+    unsettled = bench_stats.interleaved_samples(runners, 1, warmup=1, min_sample_s=0.02,
+                                                gap_s=0.3, clock=lambda: now[0], sleep=sleep)
+    assert unsettled["a"][0] > 0.006  # settle=0: the slow first call is in the sample
+
+
 def test_linear_flops():
     assert bench_floor.linear_flops("relax.matmul", [[64, 256], [256, 1024]], [64, 1024]) \
         == 2 * 64 * 1024 * 256

@@ -19,8 +19,9 @@ What it does, in order (bench_compare.py runs it):
    OpenVINO compiled model (same thread count; OpenVINO on the CPU device with the latency hint
    and f32 inference, its outputs checked against ORT's), warms each up, then runs interleaved
    rounds A B C D A B C D ...; a sample is the mean of enough back-to-back calls to last
-   `--min-sample-ms`, and a pause (`--gap-ms`) between runtimes lets the previous runtime's
-   spinning worker threads go to sleep. Reported: median, p10/p90 per runtime, and the ratios of
+   `--min-sample-ms`, after one untimed call (`--settle-calls`) that brings the runtime's
+   weights back into the caches, and a pause (`--gap-ms`) between runtimes lets the previous
+   runtime's spinning worker threads go to sleep. Reported: median, p10/p90 per runtime, and the ratios of
    medians together with the p10/p90 of the per-round (paired) ratios. A difference is called
    real only when the whole p10..p90 range of the paired ratio lies on one side of 1.
 5. **Kinds.** Once the timing is done, the same libraries and ORT run again with every kernel
@@ -103,6 +104,10 @@ def _add_timing_arguments(parser) -> None:
     parser.add_argument("--gap-ms", type=float, default=GAP_MS,
                         help="pause between runtimes inside a round, so the previous runtime's "
                              f"spinning worker threads are asleep (default {GAP_MS:.0f})")
+    parser.add_argument("--settle-calls", type=int, default=1,
+                        help="untimed calls at the start of each sample, which bring the "
+                             "runtime's weights back into the caches the others used "
+                             "(default 1; 0 times that first call too)")
 
 
 def run(args) -> int:
@@ -117,10 +122,12 @@ def run(args) -> int:
         raise KorchError(f"model '{args.model}' does not exist")
     if args.repeat < 1:
         raise KorchError("--repeat must be >= 1")
+    if args.settle_calls < 0:
+        raise KorchError("--settle-calls must be >= 0")
     config_from_args(args)  # every knob refused in one line now, not in a child later
     timing = TimingProtocol(repeat=args.repeat, warmup=args.warmup,
                             min_sample_ms=args.min_sample_ms, gap_ms=args.gap_ms,
-                            max_timing_s=args.max_timing_s)
+                            settle=args.settle_calls, max_timing_s=args.max_timing_s)
     engines = dict(with_ort=args.ort, with_openvino=args.openvino, machine=load_json(args.machine),
                    log=None if args.quiet else _stderr)
     if args.retime:

@@ -22,12 +22,14 @@ GAP_MS = 300.0
 class TimingProtocol:
     """How runtimes are timed together: `repeat` interleaved rounds (fewer when they would take
     over `max_timing_s`, never under 5), `warmup` calls each first, a sample averaging calls
-    until it lasts `min_sample_ms`, and `gap_ms` of sleep before each runtime's sample."""
+    until it lasts `min_sample_ms`, `gap_ms` of sleep before each runtime's sample and `settle`
+    untimed calls at its start."""
 
     repeat: int = 30
     warmup: int = 3
     min_sample_ms: float = 20.0
     gap_ms: float = GAP_MS
+    settle: int = 1
     max_timing_s: float | None = None
 
     def as_dict(self) -> dict:
@@ -88,7 +90,7 @@ def geomean(values: Sequence[float]) -> float:
 
 def interleaved_samples(runners: Mapping[str, Callable[[], object]], repeat: int, *,
                         warmup: int = 3, min_sample_s: float = 0.02, gap_s: float = 0.0,
-                        max_seconds: float | None = None, min_repeat: int = 5,
+                        settle: int = 0, max_seconds: float | None = None, min_repeat: int = 5,
                         clock: Callable[[], float] = time.perf_counter,
                         sleep: Callable[[float], None] = time.sleep) -> dict[str, list[float]]:
     """Time each runner in rounds A B C A B C ...; returns seconds per call, per sample.
@@ -99,6 +101,11 @@ def interleaved_samples(runners: Mapping[str, Callable[[], object]], repeat: int
     `min_sample_s`. Every round runs every runner once, always in the same order, with `gap_s`
     of sleep before each. With `max_seconds`, fewer rounds run when `repeat` rounds would take
     longer (never fewer than `min_repeat`), estimated from the warm-up.
+
+    A sample starts with `settle` untimed calls. The runners before it evicted this runner's
+    weights from the caches and its worker threads slept through the gap; the first call pays
+    for both. Settled, a sample times calls back to back, as a model serving one request after
+    another runs and as the modelled latency counts them.
     """
     slowest = {}
     for name, call in runners.items():
@@ -110,7 +117,7 @@ def interleaved_samples(runners: Mapping[str, Callable[[], object]], repeat: int
     fastest = min(slowest.values(), default=0.0)
     number = max(1, int(math.ceil(min_sample_s / fastest))) if fastest > 0 else 1
     numbers = {name: number for name in runners}
-    round_seconds = sum(number * seconds + gap_s for seconds in slowest.values())
+    round_seconds = sum((number + settle) * seconds + gap_s for seconds in slowest.values())
     if max_seconds is not None and round_seconds > 0:
         repeat = max(min(repeat, min_repeat), min(repeat, int(max_seconds / round_seconds)))
     samples: dict[str, list[float]] = {name: [] for name in runners}
@@ -119,6 +126,8 @@ def interleaved_samples(runners: Mapping[str, Callable[[], object]], repeat: int
             if gap_s > 0:
                 sleep(gap_s)
             number = numbers[name]
+            for _ in range(settle):
+                call()
             start = clock()
             for _ in range(number):
                 call()
@@ -131,4 +140,5 @@ def time_interleaved(runners: Mapping[str, Callable[[], object]],
     """`interleaved_samples` of `runners` under `protocol`; seconds per call, per sample."""
     return interleaved_samples(runners, protocol.repeat, warmup=protocol.warmup,
                                min_sample_s=protocol.min_sample_ms / 1e3,
-                               gap_s=protocol.gap_ms / 1e3, max_seconds=protocol.max_timing_s)
+                               gap_s=protocol.gap_ms / 1e3, settle=protocol.settle,
+                               max_seconds=protocol.max_timing_s)
