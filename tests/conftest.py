@@ -78,6 +78,17 @@ def _cold_unless_asked():
     _restore("KORCH_TVM_L3_BYTES", saved)
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _no_call_overhead_unless_asked():
+    """Plans are priced without the VM's time per kernel call unless a test asks for it: the
+    measured value (costing/call_overhead.py) differs from machine to machine, and a test's
+    plan must not (subprocesses inherit the setting)."""
+    saved = os.environ.get("KORCH_TVM_CALL_OVERHEAD_US")
+    os.environ["KORCH_TVM_CALL_OVERHEAD_US"] = "0"
+    yield
+    _restore("KORCH_TVM_CALL_OVERHEAD_US", saved)
+
+
 @pytest.fixture(autouse=True)
 def _private_log_cache(tmp_path_factory):
     """No test writes into the real home cache (the CLI's default log root), and none sees

@@ -32,6 +32,7 @@ from ..kernels.fused import structural_key
 from ..layout.activations import layout_trial_share
 from ..support.memo import KeyedMemo
 from . import cache_state
+from .call_overhead import call_overhead_seconds
 from .cost_model import default_predictor
 from .kernel_costs import KernelCost, Predictor, summarize
 from .library_costs import LibraryCosts
@@ -102,6 +103,7 @@ class CostingSession:
         self.built_kernels: KeyedMemo[tuple] = KeyedMemo(kept=BUILT_KERNELS_KEPT)
         self.form_choices: dict = {}
         self._library, self._library_made = None, False
+        self._call_seconds: float | None = None
 
     @classmethod
     @contextmanager
@@ -194,6 +196,16 @@ class CostingSession:
                       for key in kernels}
         costs = library.cheaper(kernels, unmeasured, measure=left is None or left > 0)
         return {key: cost for key, cost in costs.items() if cost.implementation is not None}
+
+    def call_seconds(self) -> float:
+        """The VM's time per kernel call on this machine (costing/call_overhead.py), read from
+        the log's directory or measured on first use; 0 where kernels run on a GPU or a remote
+        runner, which this process cannot time."""
+        if self._call_seconds is None:
+            here = not is_cuda(self.target) and not self.config.rpc_tracker
+            self._call_seconds = (call_overhead_seconds(self.tuning_log.directory, self.threads,
+                                                        self.target) if here else 0.0)
+        return self._call_seconds
 
     def predict(self, kernel_mod: tvm.IRModule) -> float:
         """The log's cost model's seconds for `kernel_mod` (else the analytic estimate): loaded

@@ -227,7 +227,8 @@ def korch_report(plan: KorchPlan, optimized: tvm.IRModule, rewrite_started: floa
     _report_library_kernels(report, plan, optimized)
     if plan.in_model_factors:
         report["modelled_isolated_ms"] = sum(kernel["isolated_ms"] or 0.0
-                                             for kernel in report["plan"]["kernels"])
+                                             for kernel in report["plan"]["kernels"]) \
+            + report["plan"]["kernel_calls"] * plan.call_seconds * 1e3
     # kinds are read from the kernels as written: scheduling (inlined padding, dropped unit
     # loops) hides the convolution windows they are told apart by
     unscheduled = partition_module(plan)

@@ -21,6 +21,7 @@ from ..candidates.enumerate import enumerate_candidates
 from ..candidates.gpu_rules import rules_for_target
 from ..candidates.partition import partition_graph
 from ..config import KorchConfig
+from ..costing.call_overhead import per_call_costs
 from ..costing.cost_model import predict_kernels
 from ..costing.failed_costs import is_failed
 from ..costing.in_model import load_in_model_times, scaled_costs
@@ -83,10 +84,13 @@ class KorchPlan:
     layouts_stopped: tuple = ()  # layouts whose optimistic plan could not win, left unplanned
     tuning: dict = field(default_factory=dict)  # what the compile measured and tuned (costing)
     storage: StorageModel | None = None  # for the planned-storage report (memory_plan.py)
+    call_seconds: float = 0.0  # the VM's time per kernel call, in every price
+    #                            (costing/call_overhead.py)
 
     @property
     def modelled_ms(self) -> float:
-        """Sum of the chosen kernels' costs (inf when some piece found no plan)."""
+        """Sum of the chosen kernels' costs, each with its call (inf when some piece found no
+        plan)."""
         return sum(plan.objective for plan in self.plans) * 1e3
 
     @property
@@ -104,6 +108,8 @@ class KorchPlan:
                            self.chosen, self.kernel_keys, self.costs, self.in_model_factors,
                            self.storage)
         plan["opaque_ops"] = sorted({op for _, op in self.opaque_primitives()})
+        plan["kernel_calls"] = sum(1 for i in self.chosen if self.kernel_keys[i] is not None)
+        plan["call_overhead_us"] = self.call_seconds * 1e6
         layouts = self.layouts or {self.layout: {"modelled_ms": self.modelled_ms,
                                                  "tuning": summarize(self.costs.values())}}
         return {
@@ -146,12 +152,14 @@ class Prepared(NamedTuple):
 
 class Priced(NamedTuple):
     """The prediction stage's value: a predicted time per kernel, the candidates kept by it,
-    their kernels by key, and the in-model / isolated time factor per kernel ({} without)."""
+    their kernels by key, the in-model / isolated time factor per kernel ({} without), and the
+    VM's seconds per kernel call, which every kernel's price includes."""
 
     predicted: dict[str, float]
     kept: list[int]
     kept_kernels: dict[str, tvm.IRModule]
     factors: dict[str, float]
+    call_seconds: float = 0.0
 
 
 def plan_in_layout(source: tvm.IRModule, mod: tvm.IRModule, layout: str, config: KorchConfig,
@@ -249,7 +257,8 @@ def price_candidates(found: Found, config: KorchConfig, session: CostingSession)
         predicted.update(seed.predictions(modules, tuning_log))
     kept = prune_by_prediction(found.candidates, keys, predicted, config.prune_margin)
     kept_kernels = {keys[i]: modules[keys[i]] for i in kept if keys[i] is not None}
-    return Priced(predicted, kept, kept_kernels, in_model_factors(tuning_log, kept_kernels))
+    return Priced(predicted, kept, kept_kernels, in_model_factors(tuning_log, kept_kernels),
+                  session.call_seconds())
 
 
 def in_model_factors(tuning_log, kernels: dict[str, tvm.IRModule]) -> dict[str, float]:
@@ -292,7 +301,8 @@ class Orchestrator:
     def __call__(self, costs, usable=None, *, within_memory: bool = True):
         found, keys = self.found, self.found.kernels.keys
         usable = tuple(self.priced.kept if usable is None else usable)
-        costs = scaled_costs(costs, self.priced.factors)
+        costs = per_call_costs(scaled_costs(costs, self.priced.factors),
+                               self.priced.call_seconds)
         prices = {i: _price(costs, keys[i]) for i in usable}
         limited = (within_memory and found.storage is not None
                    and self.config.memory_limit == "stock")
@@ -386,4 +396,4 @@ class Finish:
                          self.priced.kept, keys, found.kernels.modules,
                          {**never_measured, **final}, problems, plans, chosen, self.tuning_log,
                          self.target, seconds, self.priced.factors, self.layout, self.mod,
-                         storage=found.storage)
+                         storage=found.storage, call_seconds=self.priced.call_seconds)

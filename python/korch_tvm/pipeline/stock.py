@@ -131,10 +131,12 @@ def _stock_in_layout(mod: tvm.IRModule, config: KorchConfig, session: CostingSes
     isolated_ms = {name: _finite_ms(costing.costs[name].seconds) for name in calls}
     kernel_ms = {name: _finite_ms(costing.costs[name].seconds * factors.get(keys[name], 1.0))
                  for name in calls}
+    call_seconds = session.call_seconds()  # the VM's time per call (costing/call_overhead.py)
     report = {
         "kernel_calls": sum(calls.values()),
+        "call_overhead_us": call_seconds * 1e6,
         "tuning": costing.summary,
-        "modelled_ms": _total_ms(kernel_ms, calls),
+        "modelled_ms": _total_ms(kernel_ms, calls, call_seconds),
         # per kernel (ms of one call) and per kind (ms per model run), for the bench's profile
         "kernels": [{"name": name, "calls": count, "ms": kernel_ms[name],
                      "isolated_ms": isolated_ms[name], "kind": kinds.get(name, "memory"),
@@ -144,14 +146,15 @@ def _stock_in_layout(mod: tvm.IRModule, config: KorchConfig, session: CostingSes
         "kernel_kinds": kinds,
     }
     if in_model:
-        report["modelled_isolated_ms"] = _total_ms(isolated_ms, calls)
+        report["modelled_isolated_ms"] = _total_ms(isolated_ms, calls, call_seconds)
     return StockChoice(fused, kernels, report)
 
 
-def _total_ms(kernel_ms, calls) -> float:
-    """Sum over calls; an unmeasurable kernel makes the total infinite."""
-    return sum(math.inf if kernel_ms[name] is None else kernel_ms[name] * count
-               for name, count in calls.items())
+def _total_ms(kernel_ms, calls, call_seconds: float) -> float:
+    """Sum over calls, each with the VM's `call_seconds`; an unmeasurable kernel makes the
+    total infinite."""
+    return sum(math.inf if kernel_ms[name] is None else (kernel_ms[name] + call_seconds * 1e3)
+               * count for name, count in calls.items())
 
 
 def _finite_ms(seconds: float) -> float | None:

@@ -26,7 +26,8 @@ def summary_lines(report: dict) -> list[str]:
     if plan:
         lines += _plan_lines(plan)
     elif report.get("modelled_ms") is not None:
-        lines.append(f"  modelled latency (sum of kernel costs): {report['modelled_ms']:.3f} ms")
+        lines.append(f"  modelled latency (kernel costs{_calls(report)}): "
+                     f"{report['modelled_ms']:.3f} ms")
     kinds = report.get("kind_ms")
     if kinds:
         lines.append("  modelled time by kernel kind: " + ", ".join(
@@ -69,12 +70,21 @@ def _layout_lines(report: dict) -> list[str]:
     return []
 
 
+def _calls(report: dict) -> str:
+    """", with N calls x the VM's time per call", where the modelled latency includes them."""
+    overhead, calls = report.get("call_overhead_us"), report.get("kernel_calls")
+    if not overhead or calls is None:
+        return ""
+    return f" + {calls} calls x {overhead:.2f} us"
+
+
 def _plan_lines(plan: dict) -> list[str]:
     """The Korch plan: kernels chosen, modelled time against the stock plan, storage, opaque ops."""
     lines = [
         f"  plan: {plan.get('kernels_chosen')} kernels from {plan.get('candidates')} "
         f"candidates ({plan.get('pruned', 0)} pruned), {plan.get('recomputed_primitives', 0)}"
-        f" primitives recomputed; modelled {plan.get('modelled_ms', 0):.3f} ms vs "
+        f" primitives recomputed; modelled {plan.get('modelled_ms', 0):.3f} ms "
+        f"(kernel costs{_calls(plan)}) vs "
         f"{_ms(plan.get('stock_modelled_ms'))} for FuseOps' groups on the same costs; "
         f"solver {plan.get('solver_status')}"]
     library = [k for k in plan.get("kernels", []) if k.get("implementation", "tvm") != "tvm"]
