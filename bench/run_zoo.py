@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/run_zoo.py                       # every exported model, 0 trials
     .venv/bin/python bench/run_zoo.py --trials 0,256        # 0 trials, then 256 per compile
+    .venv/bin/python bench/run_zoo.py --trials 5000 --time-budget 600   # tuned for 10 minutes
     .venv/bin/python bench/run_zoo.py --models resnet18,deit_tiny --repeat 10
     .venv/bin/python bench/run_zoo.py --aggregate-only      # rebuild zoo-<budget>.json/.md/.png
     .venv/bin/python bench/run_zoo.py --no-warm --order category   # cheaper pass, see below
@@ -50,6 +51,9 @@ def main(argv=None) -> int:
     parser.add_argument("--skip", default="", help="comma-separated models to leave out")
     parser.add_argument("--trials", default="0",
                         help="comma-separated trial budgets of each compile (default 0)")
+    parser.add_argument("--time-budget", type=float, default=None,
+                        help="seconds each compile's costing and tuning may take (korch-tvm "
+                             "bench --time-budget; default: none, the trial budget decides)")
     parser.add_argument("--repeat", type=int, default=10, help="interleaved timing rounds")
     parser.add_argument("--model-timeout", type=float, default=1800,
                         help="seconds one model's bench may take before it is a failed row")
@@ -192,6 +196,8 @@ def run_model(name: str, budget: int, args, per_model_dir: str, code: dict) -> N
                "--repeat", str(args.repeat), "--no-memory", "--no-plot", "--reports-dir", reports]
     if args.no_warm:
         command.append("--no-warm")
+    if args.time_budget is not None:
+        command += ["--time-budget", str(args.time_budget)]
     for stale in (out_json, failed_json):
         if os.path.exists(stale):
             os.remove(stale)
@@ -376,6 +382,9 @@ def zoo_row(result: dict) -> dict:
         "kernels_chosen": (result.get("korch_plan") or {}).get("kernels_chosen"),
         "trials_run_cold": {path: compiles[path]["cold"]["trials_run"]
                             for path in ("stock", "korch")},
+        "time_budget_s": result.get("time_budget"),
+        "tuning_s_cold": {path: (compiles[path]["cold"].get("stage_seconds") or {}).get("tuning")
+                          for path in ("stock", "korch")},
         "threads": result["threads"], "date": result["date"],
         "zoo_seconds": result.get("zoo_seconds"), "code": result.get("zoo_code"),
         "load": [result.get("load_before"), result.get("load_after")],

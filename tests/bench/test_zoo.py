@@ -146,6 +146,32 @@ def test_aggregate_has_a_row_for_every_model_and_geomeans_only_what_ran(tmp_path
     assert os.path.exists(tmp_path / "zoo-0.png") or not _has_matplotlib()
 
 
+def test_a_tuned_pass_is_held_to_the_tuned_targets(tmp_path):
+    """With a trial budget the table states the tuned targets (against OpenVINO) and the
+    tuning each compile spent within its time budget."""
+    per_model = tmp_path / "zoo-5000"
+    per_model.mkdir()
+    for name, openvino in (("resnet18", [2.4] * 3), ("deit_tiny", [1.6] * 3)):
+        result = _bench_result([4.0] * 3, [2.0] * 3, [3.0] * 3, openvino)
+        result["time_budget"] = 600.0
+        for path, seconds in (("stock", 410.0), ("korch", 95.0)):
+            result["compile"][path]["cold"] = {**result["compile"][path]["cold"],
+                                               "stage_seconds": {"tuning": seconds}}
+        (per_model / f"{name}.json").write_text(json.dumps(result))
+    manifest = {name: {"status": "ok"} for name in registry.BY_NAME}
+    args = type("Args", (), {"out": str(tmp_path), "note": ""})()
+
+    summary = run_zoo.aggregate(str(per_model), 5000, manifest, args)
+
+    assert summary["geomean"]["korch_vs_openvino"] == pytest.approx((1.2 * 0.8) ** 0.5)
+    table = (tmp_path / "zoo-5000.md").read_text()
+    assert "- Korch >= 1.15x OpenVINO, geomean: **missed** (0.98x, 15 % short)" in table
+    assert "- no model below 0.9x OpenVINO: **missed** (1 of 2 below (lowest 0.80x): " \
+           "deit_tiny)" in table
+    assert "resnet18 410 / 95 (budget 600 s of costing and tuning)" in table
+    assert "not measured by a 0-trial pass" not in table
+
+
 def test_category_order_runs_one_model_of_each_category_first():
     names = [entry.name for entry in registry.ZOO]
     ordered = run_zoo.by_category(names)
