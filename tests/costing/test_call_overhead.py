@@ -77,6 +77,16 @@ def test_a_refused_file_is_measured_again_with_a_warning(unset, tmp_path, caplog
     assert json.loads((tmp_path / call_overhead.FILE_NAME).read_text())["seconds"] == seconds
 
 
+def test_a_failed_measurement_leaves_the_term_out_and_keeps_nothing(unset, tmp_path, caplog):
+    def busy(*_):
+        raise KorchError("the VM's time per kernel call measured 400 us, above 100")
+
+    with caplog.at_level(logging.WARNING):
+        assert call_overhead.call_overhead_seconds(str(tmp_path), 2, measure=busy) == 0.0
+    assert "was not measured (the VM's time per kernel call measured 400 us" in caplog.text
+    assert not (tmp_path / call_overhead.FILE_NAME).exists()  # the next compile tries again
+
+
 def test_the_measurement_is_the_chain_less_the_kernel(monkeypatch):
     times = {"add_one": 1.0e-6, 1: 2.0e-6, call_overhead.CHAIN_CALLS: 0.0}
     times[call_overhead.CHAIN_CALLS] = 2.0e-6 + (call_overhead.CHAIN_CALLS - 1) * 1.6e-6

@@ -71,7 +71,7 @@ def _layout_lines(report: dict) -> list[str]:
 
 
 def _calls(report: dict) -> str:
-    """", with N calls x the VM's time per call", where the modelled latency includes them."""
+    """" + N calls x T us": the VM's time per call where the modelled latency includes it."""
     overhead, calls = report.get("call_overhead_us"), report.get("kernel_calls")
     if not overhead or calls is None:
         return ""

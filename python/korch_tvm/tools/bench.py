@@ -21,9 +21,10 @@ What it does, in order (bench_compare.py runs it):
    rounds A B C D A B C D ...; a sample is the mean of enough back-to-back calls to last
    `--min-sample-ms`, after one untimed call (`--settle-calls`) that brings the runtime's
    weights back into the caches, and a pause (`--gap-ms`) between runtimes lets the previous
-   runtime's spinning worker threads go to sleep. Reported: median, p10/p90 per runtime, and the ratios of
-   medians together with the p10/p90 of the per-round (paired) ratios. A difference is called
-   real only when the whole p10..p90 range of the paired ratio lies on one side of 1.
+   runtime's spinning worker threads go to sleep. Reported: median, p10/p90 per runtime, and
+   the ratios of medians together with the p10/p90 of the per-round (paired) ratios. A
+   difference is called real only when the whole p10..p90 range of the paired ratio lies on
+   one side of 1.
 5. **Kinds.** Once the timing is done, the same libraries and ORT run again with every kernel
    call timed (Relax VM instrument hook, ORT's profiler): in-model milliseconds per kernel kind
    (conv 1x1 / depthwise / 3x3 / other, matmul, memory-bound, VM runtime), next to the
