@@ -154,9 +154,9 @@ def test_a_tuned_pass_is_held_to_the_tuned_targets(tmp_path):
     for name, openvino in (("resnet18", [2.4] * 3), ("deit_tiny", [1.6] * 3)):
         result = _bench_result([4.0] * 3, [2.0] * 3, [3.0] * 3, openvino)
         result["time_budget"] = 600.0
-        for path, seconds in (("stock", 410.0), ("korch", 95.0)):
-            result["compile"][path]["cold"] = {**result["compile"][path]["cold"],
-                                               "stage_seconds": {"tuning": seconds}}
+        result["compile"]["korch"]["cold"] = {**result["compile"]["korch"]["cold"],
+                                              "stage_seconds": {"measurement": 95.0,
+                                                                "tuning": 410.0}}
         (per_model / f"{name}.json").write_text(json.dumps(result))
     manifest = {name: {"status": "ok"} for name in registry.BY_NAME}
     args = type("Args", (), {"out": str(tmp_path), "note": ""})()
@@ -168,7 +168,7 @@ def test_a_tuned_pass_is_held_to_the_tuned_targets(tmp_path):
     assert "- Korch >= 1.15x OpenVINO, geomean: **missed** (0.98x, 15 % short)" in table
     assert "- no model below 0.9x OpenVINO: **missed** (1 of 2 below (lowest 0.80x): " \
            "deit_tiny)" in table
-    assert "resnet18 410 / 95 (budget 600 s of costing and tuning)" in table
+    assert "resnet18 505 (30) of 600" in table
     assert "not measured by a 0-trial pass" not in table
 
 
