@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/run_zoo.py                       # every exported model, 0 trials
     .venv/bin/python bench/run_zoo.py --trials 0,256        # 0 trials, then 256 per compile
-    .venv/bin/python bench/run_zoo.py --trials 5000 --time-budget 600   # tuned for 10 minutes
+    .venv/bin/python bench/run_zoo.py --trials 5000 --time-budget 600   # 10 min of costing a compile
     .venv/bin/python bench/run_zoo.py --models resnet18,deit_tiny --repeat 10
     .venv/bin/python bench/run_zoo.py --aggregate-only      # rebuild zoo-<budget>.json/.md/.png
     .venv/bin/python bench/run_zoo.py --no-warm --order category   # cheaper pass, see below
