@@ -71,3 +71,25 @@ def test_a_stock_group_without_any_finite_cost_gets_its_neighbours_scale_not_a_p
     assert report["modelled_ms"] == pytest.approx(3 * MEASURED * 1e3)
     assert report["kernels"][-1]["costed_as"] == "stand-in"
     assert report["kernels"][-1]["ms"] == pytest.approx(MEASURED * 1e3)
+
+
+def test_a_failed_kernel_reports_its_prediction_without_the_call_in_its_price():
+    """Every price carries the VM's time per call (costing/call_overhead.py); the report's
+    kernel entry gives the kernel's own time, as for measured kernels, and the plan's modelled
+    latency counts one call per kernel."""
+    from korch_tvm.costing.call_overhead import per_call_costs
+
+    call = 0.5e-6
+    failed = KernelCost(4e-6, "failed", 1, "run failed: Subprocess terminated")
+    graph, candidates, keys, costs = _chain_with_failed_last_node(failed)
+    kept = list(range(len(candidates)))
+    priced = per_call_costs(costs, call)
+    problems = orchestration_problems(graph, [frozenset(range(3))], candidates, kept, keys, priced)
+    plans = [solve_orchestration(p.problem) for p in problems]
+    chosen = plan_groups(problems, plans)
+    report = plan_report(graph, candidates, kept, problems, plans, chosen, keys, costs,
+                         call_seconds=call)
+    entry = report["kernels"][-1]
+    assert entry["cost_source"] == "failed" and entry["ms"] == pytest.approx(4e-3)
+    assert report["modelled_ms"] == pytest.approx(
+        (2 * MEASURED + 4e-6 + len(chosen) * call) * 1e3)

@@ -125,11 +125,13 @@ def plan_groups(problems: Sequence[Subproblem], plans: Sequence[Plan]) -> list[t
 
 
 def plan_report(graph, candidates, kept, problems, plans, chosen, key_of_candidate, costs,
-                in_model_factors: Mapping[str, float] | None = None, storage=None) -> dict:
+                in_model_factors: Mapping[str, float] | None = None, storage=None,
+                call_seconds: float = 0.0) -> dict:
     """What the solver did, per piece and in total; JSON-friendly. A kernel's "ms" is the cost
-    the solver used (its isolated cost times its in-model factor), "isolated_ms" the former."""
+    the solver used (its isolated cost times its in-model factor) without the VM's
+    `call_seconds` every price carries, "isolated_ms" the isolated cost."""
     computed = [node for i in chosen for node in candidates[i].nodes]
-    priced = {i: choice.cost for p in problems
+    priced = {i: choice.cost - call_seconds for p in problems
               for i, choice in zip(p.candidate_ids, p.problem.kernels)}
     stock_parts = [plan.stock_objective for plan in plans]
     stock_ms = (sum(stock_parts) * 1e3 if all(s is not None for s in stock_parts) else None)

@@ -106,7 +106,7 @@ class KorchPlan:
         """The planning part of the compile report (JSON-friendly)."""
         plan = plan_report(self.graph, self.candidates, self.kept, self.problems, self.plans,
                            self.chosen, self.kernel_keys, self.costs, self.in_model_factors,
-                           self.storage)
+                           self.storage, self.call_seconds)
         plan["opaque_ops"] = sorted({op for _, op in self.opaque_primitives()})
         plan["kernel_calls"] = sum(1 for i in self.chosen if self.kernel_keys[i] is not None)
         plan["call_overhead_us"] = self.call_seconds * 1e6
