@@ -22,12 +22,22 @@ def unset(monkeypatch):
     monkeypatch.delenv(call_overhead.VARIABLE, raising=False)
 
 
-def test_per_call_costs_add_the_call_to_every_kernel():
+def test_every_kernel_is_priced_with_its_call_and_an_opaque_binding_is_not():
+    """0 -> 1 -> 2, node 1 opaque (no kernel key): each kernel's price in the program is its
+    cost plus the call, whatever the cost's source; the opaque binding's stays 0."""
+    graph = PrimitiveGraph.from_edges(3, [(0, 1), (1, 2)], outputs=[2])
+    candidates = enumerate_candidates(graph, KernelRules(max_kernel_size=1))
+    keys = ["a" if c.nodes == {0} else None if c.nodes == {1} else "b" for c in candidates]
     costs = {"a": KernelCost(1e-6, "measured", 1), "b": KernelCost(3e-6, "predicted", 0)}
-    priced = call_overhead.per_call_costs(costs, 0.5e-6)
-    assert priced["a"].seconds == pytest.approx(1.5e-6)
-    assert priced["b"].seconds == pytest.approx(3.5e-6) and priced["b"].source == "predicted"
-    assert call_overhead.per_call_costs(costs, 0.0) == costs
+    problem = orchestration_problems(graph, [frozenset({0, 1, 2})], candidates,
+                                     list(range(3)), keys, costs, 0.5e-6)[0].problem
+    prices = {key: choice.cost for key, choice in zip(keys, problem.kernels)}
+    assert prices["a"] == pytest.approx(1.5e-6) and prices["b"] == pytest.approx(3.5e-6)
+    assert prices[None] == 0.0
+    unpriced = orchestration_problems(graph, [frozenset({0, 1, 2})], candidates,
+                                      list(range(3)), keys, costs)[0].problem
+    assert [choice.cost for choice in unpriced.kernels] == [
+        costs[key].seconds if key else 0.0 for key in keys]
 
 
 def test_the_variable_sets_it_in_microseconds(monkeypatch, tmp_path):
@@ -127,16 +137,16 @@ def test_the_call_makes_fewer_kernels_pay():
              for key, c in zip(keys, candidates)}
     kept = list(range(len(candidates)))
 
-    def plan(priced):
+    def plan(call_seconds):
         problems = orchestration_problems(graph, [frozenset({0, 1})], candidates, kept, keys,
-                                          priced)
+                                          costs, call_seconds)
         plans = [solve_orchestration(p.problem) for p in problems]
         chosen = plan_groups(problems, plans)
         report = plan_report(graph, candidates, kept, problems, plans, chosen, keys, costs)
         return sorted(len(candidates[i].nodes) for i in chosen), report["modelled_ms"]
 
-    assert plan(costs) == ([1, 1], pytest.approx(2e-3))
-    assert plan(call_overhead.per_call_costs(costs, 0.5e-6)) == ([2], pytest.approx(2.7e-3))
+    assert plan(0.0) == ([1, 1], pytest.approx(2e-3))
+    assert plan(0.5e-6) == ([2], pytest.approx(2.7e-3))
 
 
 @pytest.mark.parametrize("korch", [True, False])

@@ -77,14 +77,12 @@ def test_a_failed_kernel_reports_its_prediction_without_the_call_in_its_price():
     """Every price carries the VM's time per call (costing/call_overhead.py); the report's
     kernel entry gives the kernel's own time, as for measured kernels, and the plan's modelled
     latency counts one call per kernel."""
-    from korch_tvm.costing.call_overhead import per_call_costs
-
     call = 0.5e-6
     failed = KernelCost(4e-6, "failed", 1, "run failed: Subprocess terminated")
     graph, candidates, keys, costs = _chain_with_failed_last_node(failed)
     kept = list(range(len(candidates)))
-    priced = per_call_costs(costs, call)
-    problems = orchestration_problems(graph, [frozenset(range(3))], candidates, kept, keys, priced)
+    problems = orchestration_problems(graph, [frozenset(range(3))], candidates, kept, keys, costs,
+                                      call)
     plans = [solve_orchestration(p.problem) for p in problems]
     chosen = plan_groups(problems, plans)
     report = plan_report(graph, candidates, kept, problems, plans, chosen, keys, costs,

@@ -17,8 +17,7 @@ import logging
 import math
 import os
 import time
-from collections.abc import Callable, Mapping
-from dataclasses import replace
+from collections.abc import Callable
 
 from ..errors import KorchError
 from ..support.pool_spin import note_parallel_work, wait_for_idle_pool
@@ -34,13 +33,6 @@ CHAIN_CALLS = 64
 _FLOATS_PER_THREAD = 2048
 # Above this the measurement is broken (a machine busy with other work), not the VM.
 MAX_SECONDS = 100e-6
-
-
-def per_call_costs(costs: Mapping[str, object], seconds: float) -> dict:
-    """KernelCosts with `seconds` added to each: what a call of the kernel costs in a model."""
-    if seconds == 0.0:
-        return dict(costs)
-    return {key: replace(cost, seconds=cost.seconds + seconds) for key, cost in costs.items()}
 
 
 def call_overhead_seconds(directory: str, threads: int, target=None,

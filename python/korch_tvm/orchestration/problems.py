@@ -30,8 +30,10 @@ from .substitution_report import program_size, substitution_report
 _OPAQUE_COST = 0.0
 
 
-def _kernel_seconds(key: str | None, costs: Mapping[str, object], is_stock: bool) -> float:
-    """The price a kernel enters the program at; inf: never chosen.
+def _kernel_seconds(key: str | None, costs: Mapping[str, object], is_stock: bool,
+                    call_seconds: float = 0.0) -> float:
+    """The price a kernel enters the program at, its cost and the VM's `call_seconds` of
+    calling it (costing/call_overhead.py); inf: never chosen.
 
     A failed kernel (costing/failed_costs.py: it did not build or its run died) is kept out of
     every plan unless it is a stock FuseOps group: the stock build builds those anyway, and the
@@ -42,9 +44,9 @@ def _kernel_seconds(key: str | None, costs: Mapping[str, object], is_stock: bool
     if key is None:
         return _OPAQUE_COST
     cost = costs[key]
-    if not is_failed(cost):
-        return float(cost.seconds)
-    return float(cost.seconds) if is_stock else math.inf
+    if is_failed(cost) and not is_stock:
+        return math.inf
+    return float(cost.seconds) + call_seconds
 
 
 def _stand_in_seconds(choices: Sequence[KernelChoice], size: int) -> float:
@@ -79,9 +81,10 @@ def prune_by_prediction(candidates, key_of_candidate: Sequence[str],
 
 
 def orchestration_problems(graph, pieces: Sequence[frozenset[int]], candidates, kept: Sequence[int],
-                           key_of_candidate: Sequence[str], costs: Mapping[str, object]
-                           ) -> list[Subproblem]:
-    """One OrchestrationProblem per piece, over the kept candidates inside it."""
+                           key_of_candidate: Sequence[str], costs: Mapping[str, object],
+                           call_seconds: float = 0.0) -> list[Subproblem]:
+    """One OrchestrationProblem per piece, over the kept candidates inside it, each kernel
+    priced with the VM's `call_seconds` of calling it."""
     problems = []
     classes = class_map(graph.alternatives)
     offered = alternative_nodes(graph.alternatives)
@@ -95,7 +98,7 @@ def orchestration_problems(graph, pieces: Sequence[frozenset[int]], candidates, 
                          inputs=in_classes(frozenset(candidates[i].inputs) & piece, classes),
                          outputs=in_classes(candidates[i].outputs, classes),
                          cost=_kernel_seconds(key_of_candidate[i], costs,
-                                              candidates[i].is_stock))
+                                              candidates[i].is_stock, call_seconds))
             for i in ids]
         choices = tuple(
             dataclasses.replace(choice, cost=_stand_in_seconds(choices, len(choice.nodes)))

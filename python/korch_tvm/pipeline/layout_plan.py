@@ -21,7 +21,6 @@ from ..candidates.enumerate import enumerate_candidates
 from ..candidates.gpu_rules import rules_for_target
 from ..candidates.partition import partition_graph
 from ..config import KorchConfig
-from ..costing.call_overhead import per_call_costs
 from ..costing.cost_model import predict_kernels
 from ..costing.failed_costs import is_failed
 from ..costing.in_model import load_in_model_times, scaled_costs
@@ -301,8 +300,7 @@ class Orchestrator:
     def __call__(self, costs, usable=None, *, within_memory: bool = True):
         found, keys = self.found, self.found.kernels.keys
         usable = tuple(self.priced.kept if usable is None else usable)
-        costs = per_call_costs(scaled_costs(costs, self.priced.factors),
-                               self.priced.call_seconds)
+        costs = scaled_costs(costs, self.priced.factors)
         prices = {i: _price(costs, keys[i]) for i in usable}
         limited = (within_memory and found.storage is not None
                    and self.config.memory_limit == "stock")
@@ -334,7 +332,8 @@ class Orchestrator:
         def build():
             self.problems_built += 1
             problem = orchestration_problems(found.graph, [found.pieces[piece]], found.candidates,
-                                             ids, found.kernels.keys, costs)[0]
+                                             ids, found.kernels.keys, costs,
+                                             self.priced.call_seconds)[0]
             return problem, self._plans.get(problem_shape(problem.problem), lambda: (
                 solve_orchestration(problem.problem, time_limit=self.config.solver_time_limit)))
 
