@@ -88,7 +88,7 @@ class Choice:
 def choose(config, mod) -> Choice:
     """The state for compiling `mod` (a Relax module) with `config` (see the module
     docstring); `config.cache_state` itself unless it is "auto"."""
-    if not _on_this_cpu(config):
+    if not on_this_cpu(config):
         return Choice("cold", reason="timed on another device")
     if config.cache_state != "auto":
         return Choice(config.cache_state, reason="as configured")
@@ -104,11 +104,11 @@ def choose(config, mod) -> Choice:
 def configured(config) -> str:
     """The state a compile of `config` times in: its own once decided; "cold" while it is
     "auto" (no model known yet: what korch_tvm always did) and off the host's CPU."""
-    return config.cache_state if config.cache_state != "auto" and _on_this_cpu(config) \
+    return config.cache_state if config.cache_state != "auto" and on_this_cpu(config) \
         else "cold"
 
 
-def _on_this_cpu(config) -> bool:
+def on_this_cpu(config) -> bool:
     """Whether `config`'s kernels are timed on this machine's CPU (not a GPU, not remotely)."""
     return config.target.kind.name == "llvm" and not config.rpc_tracker
 

@@ -199,12 +199,12 @@ class CostingSession:
 
     def call_seconds(self) -> float:
         """The VM's time per kernel call on this machine (costing/call_overhead.py), read from
-        the log's directory or measured on first use; 0 where kernels run on a GPU or a remote
-        runner, which this process cannot time."""
+        the log's directory or measured on first use; 0 where kernels run elsewhere than this
+        machine's CPU (a GPU, a remote runner), which this process cannot time."""
         if self._call_seconds is None:
-            here = not is_cuda(self.target) and not self.config.rpc_tracker
             self._call_seconds = (call_overhead_seconds(self.tuning_log.directory, self.threads,
-                                                        self.target) if here else 0.0)
+                                                        self.target)
+                                  if cache_state.on_this_cpu(self.config) else 0.0)
         return self._call_seconds
 
     def predict(self, kernel_mod: tvm.IRModule) -> float:
