@@ -83,11 +83,6 @@ def targets(ran: list[dict], budget: int) -> list[dict]:
         return []
     if budget != 0:
         return tuned_targets(ran)
-    ort = geomean(row.get("korch_vs_ort") for row in ran)
-    openvino = geomean(row.get("korch_vs_openvino") for row in ran)
-    below = sorted(row["model"] for row in ran if (row.get("korch_vs_ort") or 0) < 0.8)
-    worst_ort = min((row["korch_vs_ort"] for row in ran if row.get("korch_vs_ort")),
-                    default=None)
     off = [row for row in ran
            if abs((row.get("modelled_over_measured") or math.inf) - 1.0) > 0.2]
     compiles = [row["compile_cold_s"]["korch"] for row in ran
@@ -95,17 +90,9 @@ def targets(ran: list[dict], budget: int) -> list[dict]:
     slow = [row["model"] for row in ran
             if ((row.get("compile_cold_s") or {}).get("korch") or 0) > 120]
     return [
-        {"target": "Korch >= 1.0x ONNX Runtime, geomean", "value": ort,
-         "met": ort is not None and ort >= 1.0,
-         "gap": "not measured" if ort is None else f"{ort:.2f}x, {(1.0 - ort) * 100:.0f} % short"
-         if ort < 1.0 else f"{ort:.2f}x"},
-        {"target": "no model below 0.8x ONNX Runtime", "value": worst_ort, "met": not below,
-         "gap": f"{len(below)} of {len(ran)} below (lowest {_num(worst_ort, 2, 'x')}): "
-                f"{', '.join(below)}" if below else "none below"},
-        {"target": "Korch >= 0.9x OpenVINO, geomean", "value": openvino,
-         "met": openvino is not None and openvino >= 0.9,
-         "gap": "not timed" if openvino is None else f"{openvino:.2f}x, "
-         f"{(0.9 - openvino) / 0.9 * 100:.0f} % short" if openvino < 0.9 else f"{openvino:.2f}x"},
+        _geomean_target(ran, "korch_vs_ort", 1.0, "ONNX Runtime", "not measured"),
+        _floor_target(ran, "korch_vs_ort", 0.8, "ONNX Runtime"),
+        _geomean_target(ran, "korch_vs_openvino", 0.9, "OpenVINO", "not timed"),
         {"target": "modelled latency within 20 % of measured on every model",
          "value": len(ran) - len(off), "met": not off,
          "gap": f"{len(ran) - len(off)} of {len(ran)} within; off: " + ", ".join(
@@ -122,20 +109,26 @@ def targets(ran: list[dict], budget: int) -> list[dict]:
 
 def tuned_targets(ran: list[dict]) -> list[dict]:
     """Issue #30's targets with at most 20 minutes of tuning per model."""
-    openvino = geomean(row.get("korch_vs_openvino") for row in ran)
-    below = sorted(row["model"] for row in ran if (row.get("korch_vs_openvino") or 0) < 0.9)
-    worst = min((row["korch_vs_openvino"] for row in ran if row.get("korch_vs_openvino")),
-                default=None)
-    return [
-        {"target": "Korch >= 1.15x OpenVINO, geomean", "value": openvino,
-         "met": openvino is not None and openvino >= 1.15,
-         "gap": "not timed" if openvino is None else f"{openvino:.2f}x, "
-         f"{(1.15 - openvino) / 1.15 * 100:.0f} % short" if openvino < 1.15
-         else f"{openvino:.2f}x"},
-        {"target": "no model below 0.9x OpenVINO", "value": worst, "met": not below,
-         "gap": f"{len(below)} of {len(ran)} below (lowest {_num(worst, 2, 'x')}): "
-                f"{', '.join(below)}" if below else "none below"},
-    ]
+    return [_geomean_target(ran, "korch_vs_openvino", 1.15, "OpenVINO", "not timed"),
+            _floor_target(ran, "korch_vs_openvino", 0.9, "OpenVINO")]
+
+
+def _geomean_target(ran: list[dict], key: str, bar: float, engine: str, missing: str) -> dict:
+    """"Korch >= `bar`x `engine`, geomean" over the rows' `key` ratios."""
+    value = geomean(row.get(key) for row in ran)
+    return {"target": f"Korch >= {bar}x {engine}, geomean", "value": value,
+            "met": value is not None and value >= bar,
+            "gap": missing if value is None else f"{value:.2f}x, "
+            f"{(bar - value) / bar * 100:.0f} % short" if value < bar else f"{value:.2f}x"}
+
+
+def _floor_target(ran: list[dict], key: str, floor: float, engine: str) -> dict:
+    """"no model below `floor`x `engine`" over the rows' `key` ratios."""
+    below = sorted(row["model"] for row in ran if (row.get(key) or 0) < floor)
+    worst = min((row[key] for row in ran if row.get(key)), default=None)
+    return {"target": f"no model below {floor}x {engine}", "value": worst, "met": not below,
+            "gap": f"{len(below)} of {len(ran)} below (lowest {_num(worst, 2, 'x')}): "
+                   f"{', '.join(below)}" if below else "none below"}
 
 
 def _num(value, digits=2, suffix="") -> str:
