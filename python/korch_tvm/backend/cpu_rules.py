@@ -36,16 +36,18 @@ class KindRule(NamedTuple):
 
 
 def apply_kind_rules(schedule, blocks, row_loop: Callable, tile_rows: Callable,
-                     vector_width: Callable) -> set[str] | None:
+                     vector_width: Callable, row_reduction: Callable) -> set[str] | None:
     """Apply the first rule of `CPU_RULES` that applies to each of `blocks`. Returns the names
     of the blocks the rules added that must stay blocks of their own (not be inlined), or None
     where no rule applied. A rule whose primitive refuses the block (TVM checks before it
     changes anything) leaves it to the next rule.
 
     `row_loop`, `tile_rows` and `vector_width` are the generic rule's own choices (passed in so
-    the rules pad exactly where the generic rule would otherwise give up)."""
+    the rules pad exactly where the generic rule would otherwise give up); `row_reduction`
+    says which blocks it reduces along their rows instead (row_reductions.py), left unpadded."""
     kept: set[str] | None = None
-    context = {"row_loop": row_loop, "tile_rows": tile_rows, "vector_width": vector_width}
+    context = {"row_loop": row_loop, "tile_rows": tile_rows, "vector_width": vector_width,
+               "row_reduction": row_reduction}
     for block in blocks:
         for rule in CPU_RULES:
             if not rule.applies(schedule, block, context):
@@ -64,7 +66,8 @@ def _padding(schedule, block, context) -> list[int] | None:
     """Per block iterator the multiple to pad it to (1: unchanged), or None where the block is
     not a contraction the generic rule leaves without a vector or a register tile."""
     iters = list(block.iters)
-    if not any(it.kind == "R" for it in iters) or any(it.kind not in "SR" for it in iters):
+    if (not any(it.kind == "R" for it in iters) or any(it.kind not in "SR" for it in iters)
+            or context["row_reduction"](schedule, block)):
         return None
     extents = [it.dom if isinstance(it.dom, int) else static_extent(it.dom) for it in iters]
     if any(extent is None for extent in extents):

@@ -19,6 +19,9 @@ the padding of a compute-bound convolution (`kept_padding.py`), and gives every 
   (bench/default_schedule.py compares it with the same rule without tiles);
 * for a block that writes its largest input transposed, the loop over that input's innermost
   dimension between the vector and its outer loop (`transposed_reads.py`);
+* for a reduction along each row's contiguous axis (softmax, layer norm), vector lanes that
+  walk the row instead of a vector across rows, and for an elementwise loop that no vector
+  width divides (197 tokens), vectors up to a scalar tail (`row_reductions.py`);
 * its leading spatial loops fused and run in parallel, as many as give each core at least
   `ITERATIONS_PER_CORE` iterations to balance;
 * for vectorized reductions, the initialisation split off into its own loop nest, so the
@@ -50,6 +53,7 @@ from ..kernels.weight_packing import LAYOUT_FREE_ATTR, read_by_one_block
 from .cpu_rules import apply_kind_rules, block_points
 from .kept_padding import padding_read_by_reductions
 from .partial_sums import partial_sums, sum_in_parts
+from .row_reductions import is_row_reduction, reduce_rows, vectorize_with_tail, whole_vectors
 from .transposed_reads import transposed_loop
 
 logger = logging.getLogger("korch_tvm.cpu_schedule")
@@ -131,8 +135,8 @@ def prepare(kernel_mod: tvm.IRModule, kind_rules: bool = True) -> Prepared:
         blocks = normalize_prim_func(schedule)
         if blocks is None:
             raise ValueError("the kernel has blocks dlight cannot normalize")
-        kept = apply_kind_rules(schedule, blocks, _row_loop, _tile_rows,
-                                _vector_width) if kind_rules else None
+        kept = apply_kind_rules(schedule, blocks, _row_loop, _tile_rows, _vector_width,
+                                is_row_reduction) if kind_rules else None
         if kept is not None:
             _inline_injective(schedule, [block.block_rv for block in normalize_prim_func(schedule)
                                          if schedule.get(block.block_rv).name_hint not in kept])
@@ -234,6 +238,8 @@ def _schedule_block(schedule, block, cores: int, tile_rows: int,
         return  # an opaque iterator: loop order is not ours to change
     if (parts := partial_sums(block)) is not None:
         return sum_in_parts(schedule, block, parts)  # hardly any outputs to spread
+    if is_row_reduction(schedule, block):
+        return reduce_rows(schedule, block)  # along each row, not across rows
     spatial = [iterator.loop_rv for iterator in block.iters if iterator.kind == "S"]
     reduction = [iterator.loop_rv for iterator in block.iters if iterator.kind == "R"]
     vector = None
@@ -241,6 +247,9 @@ def _schedule_block(schedule, block, cores: int, tile_rows: int,
         width = _vector_width(_extent(schedule, spatial[-1]))
         if width is not None:
             spatial[-1], vector = schedule.split(spatial[-1], [None, width])
+        elif not reduction and whole_vectors(_extent(schedule, spatial[-1])) is not None:
+            _parallel_outer(schedule, spatial[:-1], cores)
+            return vectorize_with_tail(schedule, spatial[-1])
     if not reduction and vector is not None and (
             moved := transposed_loop(schedule, block)) is not None:
         spatial = spatial[:moved] + spatial[moved + 1:-1] + [spatial[-1], spatial[moved]]
@@ -255,6 +264,22 @@ def _schedule_block(schedule, block, cores: int, tile_rows: int,
     order = spatial + reduction + tile + ([vector] if vector is not None else [])
     if len(order) > 1:
         schedule.reorder(*order)
+    fused, parallel = _parallel_outer(schedule, spatial, cores)
+    if vector is None:
+        return
+    schedule.vectorize(vector)
+    if tile:
+        for loop in tile:
+            schedule.unroll(loop)
+        _accumulate_in_registers(schedule, block.block_rv,
+                                 spatial[-1] if parallel < len(spatial) else fused)
+    if reduction:
+        schedule.decompose_reduction(block.block_rv, reduction[0])
+
+
+def _parallel_outer(schedule, spatial: list, cores: int) -> tuple[object | None, int]:
+    """(the parallel loop, how many of `spatial` it fuses): the outermost loops fused and run
+    in parallel, as many as give each core at least `ITERATIONS_PER_CORE` iterations."""
     parallel, iterations = [], 1
     for loop in spatial:
         extent = _extent(schedule, loop)
@@ -264,20 +289,11 @@ def _schedule_block(schedule, block, cores: int, tile_rows: int,
         iterations *= extent
         if iterations >= cores * ITERATIONS_PER_CORE:
             break
-    fused = None
-    if parallel:
-        fused = schedule.fuse(*parallel) if len(parallel) > 1 else parallel[0]
-        schedule.parallel(fused)
-    if vector is None:
-        return
-    schedule.vectorize(vector)
-    if tile:
-        for loop in tile:
-            schedule.unroll(loop)
-        _accumulate_in_registers(schedule, block.block_rv,
-                                 spatial[-1] if len(parallel) < len(spatial) else fused)
-    if reduction:
-        schedule.decompose_reduction(block.block_rv, reduction[0])
+    if not parallel:
+        return None, 0
+    fused = schedule.fuse(*parallel) if len(parallel) > 1 else parallel[0]
+    schedule.parallel(fused)
+    return fused, len(parallel)
 
 
 def _register_tile(schedule, block, spatial: list, tile_rows: int) -> tuple[list, list]:

@@ -34,7 +34,7 @@ import struct
 # backend/cpu_schedule.py call, under TVM's instruction names.
 INSTRUCTION_KINDS = frozenset({
     "GetSBlock", "GetLoops", "GetChildBlocks", "GetProducers", "GetConsumers",
-    "Split", "Fuse", "Reorder", "AddUnitLoop",
+    "Split", "LoopPartition", "Fuse", "Reorder", "AddUnitLoop",
     "Parallel", "Vectorize", "Bind", "Unroll",
     "CacheRead", "CacheWrite", "ReadAt", "WriteAt", "ReIndex", "SetScope", "StorageAlign",
     "ComputeAt", "ReverseComputeAt", "ComputeInline", "ReverseComputeInline",
