@@ -152,3 +152,23 @@ def test_a_weight_is_never_padded_along_its_columns():
     assert padded == [True, False]
     np.testing.assert_allclose(_run(default_schedule(as_weight, TARGET).mod), _run(mod),
                                rtol=1e-4, atol=1e-4)
+
+
+def test_an_operand_read_at_a_fixed_slice_is_not_padded():
+    """K read from a fused QKV tensor at slice 1, over 49 columns (7 x 7 windows): TVM's
+    pad_einsum copied that operand wrong (NaN), so a block indexed by anything but block
+    variables and 0 keeps the generic rule, and its numbers."""
+    a = te.placeholder((49, 32), name="a")
+    qkv = te.placeholder((3, 49, 32), name="qkv")
+    k = te.reduce_axis((0, 32), "k")
+    mod = _kernel(a, qkv, te.compute((49, 49), lambda i, j: te.sum(a[i, k] * qkv[1, j, k],
+                                                                    axis=k)))
+    schedule = default_schedule(mod, TARGET)
+    assert "PadEinsum" not in [str(inst.kind.name) for inst in schedule.trace.insts]
+    out = _run(schedule.mod)
+    assert np.isfinite(out).all()
+    np.testing.assert_allclose(out, _run(mod), rtol=1e-5, atol=1e-5)
+    # the same contraction with the slice as an operand of its own is padded, as before
+    plain = _batch_matmul(1, 49, 32, 49, transposed=True)
+    assert "PadEinsum" in [str(inst.kind.name)
+                           for inst in default_schedule(plain, TARGET).trace.insts]

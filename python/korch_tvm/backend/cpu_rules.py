@@ -67,7 +67,8 @@ def _padding(schedule, block, context) -> list[int] | None:
     not a contraction the generic rule leaves without a vector or a register tile."""
     iters = list(block.iters)
     if (not any(it.kind == "R" for it in iters) or any(it.kind not in "SR" for it in iters)
-            or context["row_reduction"](schedule, block)):
+            or context["row_reduction"](schedule, block)
+            or not _indexed_plainly(schedule.get(block.block_rv))):
         return None
     extents = [it.dom if isinstance(it.dom, int) else static_extent(it.dom) for it in iters]
     if any(extent is None for extent in extents):
@@ -88,6 +89,19 @@ def _padding(schedule, block, context) -> list[int] | None:
                 and extents[row_iter] >= MIN_PADDED_EXTENT):
             padding[row_iter] = PAD_TILE_ROWS
     return padding if any(p > 1 for p in padding) else None
+
+
+def _indexed_plainly(sblock) -> bool:
+    """Whether every buffer the block reads or writes is indexed by block variables alone or
+    by 0 (a broadcast axis). TVM's pad_einsum does not refuse every other index: an operand
+    read at a fixed slice (`b[1, j, k]`, a fused QKV tensor's K) is copied wrong, padded."""
+    for region in list(sblock.reads) + list(sblock.writes):
+        for dim in region.region:
+            index = dim.min
+            if not (isinstance(index, tvm.tirx.Var)
+                    or (isinstance(index, tvm.tirx.IntImm) and int(index) == 0)):
+                return False
+    return True
 
 
 def _reads_weight_along(schedule, block, var) -> bool:
