@@ -71,6 +71,15 @@ def test_reductions_along_one_input_s_rows_are_row_reductions_contractions_are_n
                                                                  "T_fast_exp_red": False}
 
 
+def test_an_argmax_along_rows_keeps_the_generic_rule():
+    """It writes an index and a value per row: not one value, not a row reduction here."""
+    x = te.placeholder((4, 64), name="x")
+    mod = _te_kernel(x, topi.argmax(x, axis=-1))
+    assert list(reduction_blocks(mod).values()) == [False]
+    scheduled = default_schedule(mod, TARGET)
+    assert "RFactor" not in instructions(scheduled)
+
+
 def test_a_column_reduction_is_not_a_row_reduction():
     x = te.placeholder((64, 48), name="x")
     k = te.reduce_axis((0, 64), name="k")

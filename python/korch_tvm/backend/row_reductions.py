@@ -25,12 +25,14 @@ MIN_ROW = 32  # a shorter row is a vector or two: the lanes' combination would c
 
 def is_row_reduction(schedule, block) -> bool:
     """Whether `block` (dlight's BlockInfo) reduces each row of one input along its innermost
-    dimension: one reduction iterator, innermost, at least `MIN_ROW` long, read along by exactly
-    one buffer and by it as its last index alone. A contraction (a matmul, also one with a
-    transposed operand) reads two buffers along its reduction and is not one."""
+    dimension into one value: one reduction iterator, innermost, at least `MIN_ROW` long, read
+    along by exactly one buffer and by it as its last index alone, one buffer written (not an
+    argmax's index and value). A contraction (a matmul, also one with a transposed operand)
+    reads two buffers along its reduction and is not one."""
     iters = list(block.iters)
     if (len(iters) < 2 or iters[-1].kind != "R"
-            or any(iterator.kind != "S" for iterator in iters[:-1])):
+            or any(iterator.kind != "S" for iterator in iters[:-1])
+            or len(schedule.get(block.block_rv).writes) != 1):
         return False
     length = static_extent(iters[-1].dom)
     if length is None or length < MIN_ROW:
@@ -80,8 +82,13 @@ def whole_vectors(extent: int | None) -> int | None:
 
 def vectorize_with_tail(schedule, loop) -> None:
     """Vectorize `loop` (innermost, spatial, no annotation) over its whole vectors; the tail
-    (`whole_vectors`) stays a loop of its own."""
-    covered, _ = schedule.loop_partition(loop, [whole_vectors(_extent(schedule, loop)), None])
+    (`whole_vectors`) stays a loop of its own. Where TVM refuses the partition (it checks
+    before it changes anything), the loop stays scalar, as the generic rule leaves it."""
+    try:
+        covered, _ = schedule.loop_partition(loop, [whole_vectors(_extent(schedule, loop)),
+                                                    None])
+    except tvm.s_tir.ScheduleError:
+        return
     _, lane = schedule.split(covered, [None, LANES])
     schedule.vectorize(lane)
 
