@@ -59,7 +59,7 @@ def reduce_rows(schedule, block) -> None:
     *rows, along = [iterator.loop_rv for iterator in block.iters]
     row = schedule.fuse(*rows) if len(rows) > 1 else rows[0]
     schedule.parallel(row)
-    length = static_extent(schedule.get(along).extent)
+    length = static_extent(schedule.get(along))
     steps, lane = schedule.split(along, [None, LANES])
     output_dims = len(schedule.get(block.block_rv).writes[0].region)
     partial = schedule.rfactor(lane, factor_axis=output_dims)
@@ -85,13 +85,9 @@ def vectorize_with_tail(schedule, loop) -> None:
     (`whole_vectors`) stays a loop of its own. Where TVM refuses the partition (it checks
     before it changes anything), the loop stays scalar, as the generic rule leaves it."""
     try:
-        covered, _ = schedule.loop_partition(loop, [whole_vectors(_extent(schedule, loop)),
-                                                    None])
+        covered, _ = schedule.loop_partition(
+            loop, [whole_vectors(static_extent(schedule.get(loop))), None])
     except tvm.s_tir.ScheduleError:
         return
     _, lane = schedule.split(covered, [None, LANES])
     schedule.vectorize(lane)
-
-
-def _extent(schedule, loop) -> int | None:
-    return static_extent(schedule.get(loop).extent)
