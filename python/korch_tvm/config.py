@@ -20,8 +20,8 @@ LIBRARY_CHOICES = ("auto", "off")
 # gain under 1 %, bench/results/substitutions.md) plans the graph as lowered.
 SUBSTITUTION_CHOICES = ("on", "off")
 # The cache state CPU kernels are timed from (costing/cache_state.py): "auto" picks "l3" (private
-# caches evicted, the L3 warm) for a model within half the L3 and "cold" (operands flushed to
-# memory) for a larger one.
+# caches evicted, the L3 warm) for a model within a fifth of the L3 and "cold" (operands flushed
+# to memory) for a larger one.
 CACHE_STATES = ("auto", "cold", "l3")
 
 

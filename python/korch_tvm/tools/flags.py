@@ -115,7 +115,8 @@ FLAGS: dict[str, Flag] = {flag.name: flag for flag in (
         choices=CACHE_STATES, default="auto",
         help="what CPU kernels find in the caches when timed: 'l3' = their operands in the L3 "
              "(private caches evicted), 'cold' = in memory; 'auto' (default): 'l3' for a model "
-             "within half the L3, as it runs there; each state keeps its own tuning log"),
+             "whose weights and peak activations fit a fifth of the L3, as it runs there; each "
+             "state keeps its own tuning log"),
          "cache_state"),
     Flag(("--prune-margin",), dict(
         type=float, default=None,
