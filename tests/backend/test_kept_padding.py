@@ -75,6 +75,8 @@ def test_padding_that_grows_the_input_much_is_inlined():
     mod = module(x, w, topi.nn.conv2d_nhwc(x, w, 1, 6, 6, out_dtype="float32"))
     assert kept_padding(mod) == set()
     assert kept_padding(padded_conv(32, 64)) == {"pad_temp"}  # undilated: 1.13x
+    assert kept_padding(padded_conv(7, 64)) == {"pad_temp"}  # ResNet's last maps: 1.65x
+    assert kept_padding(padded_conv(2, 64)) == set()  # 4x
 
 
 def test_depthwise_padding_is_inlined():
