@@ -17,7 +17,7 @@ Only a fifth of the L3 counts: it also holds the runtime, other processes' lines
 sysfs reports a cache other tenants share), what another engine timed beside it left there
 and, where it is non-inclusive, not what sits in the private caches; the fraction is where
 timed cold and timed from the L3 the modelled latency of the zoo's models came nearest their
-measured (bench/results/cache-state/). "auto" picks per model (`for_model`);
+measured (bench/results/zoo-intel-footprint/). "auto" picks per model (`for_model`);
 remote and GPU targets are timed as before. Records timed in different states do not compare,
 so an "l3" log is a directory of its own, its tag ending in `L3_SUFFIX`.
 """
