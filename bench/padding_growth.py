@@ -68,6 +68,7 @@ def main(argv=None) -> int:
 
     import numpy as np
     import tvm
+    from default_schedule import write_table
     from tile_shapes import kernel
 
     from korch_tvm.backend import kept_padding
@@ -99,15 +100,13 @@ def main(argv=None) -> int:
                     times[key].append(statistics.median(timer(*call_args).results))
             best = {way: min(((statistics.median(t), form) for (w, form), t in times.items()
                               if w == way)) for way in ways}
-            (old, old_form), (new, new_form) = best.values()
+            (old, _), (new, _) = best.values()
             lines.append(f"{name} [{state}]: " + " | ".join(
                 f"{way}: {form} {seconds * 1e3:.3f} ({flops / seconds / 1e9:.0f} GFLOP/s)"
                 for way, (seconds, form) in best.items())
                 + f" | old/new {old / new:.2f}x; max rel. error {worst:.1e}")
             print(lines[-1], flush=True)
-    if args.out:
-        with open(args.out, "w", encoding="utf-8") as handle:
-            handle.write("\n".join(lines) + "\n")
+    write_table(lines, args.out)
     return 0
 
 
