@@ -150,14 +150,10 @@ def model_footprint(mod) -> int:
 def _peak_live_bytes(function) -> int:
     """The most bytes of `function`'s parameters and bound tensors alive at once: a bound
     tensor lives from its binding to its last use (the function's result counts as a use)."""
-    from tvm import relax
+    from ..graph.relax_exprs import last_uses
 
-    bindings = [binding for block in getattr(function.body, "blocks", ())
-                for binding in block.bindings]
-    last_use = {var: len(bindings) for var in relax.analysis.free_vars(function.body.body)}
-    for index, binding in enumerate(bindings):
-        for var in relax.analysis.free_vars(binding.value):
-            last_use[var] = max(last_use.get(var, -1), index)
+    bindings = [binding for block in function.body.blocks for binding in block.bindings]
+    last_use = last_uses(function, bindings)
     alive = sum(_tensor_bytes(param.ty) for param in function.params)
     peak = alive
     live: dict = {}

@@ -2,7 +2,8 @@
 
 The graph stage, the kernel builder and the substitution rules all read which values a binding
 uses and rebuild a value over other vars; one walk serves them so the three cannot disagree on
-what counts as a read (tuples and tuple items looked through, callees skipped).
+what counts as a read (tuples and tuple items looked through, callees skipped). The layout
+regions and the cache-state footprint read how long each bound var lives (`last_uses`).
 """
 
 from __future__ import annotations
@@ -27,6 +28,26 @@ def leaves(expr) -> list:
 def vars_read(expr) -> list[relax.Var]:
     """The vars among `leaves(expr)`, in order."""
     return [leaf for leaf in leaves(expr) if isinstance(leaf, relax.Var)]
+
+
+def vars_in(expr) -> list[relax.Var]:
+    """Every Var node under `expr` (those of nested functions too), in post order."""
+    found = []
+    relax.analysis.post_order_visit(
+        expr, lambda e: found.append(e) if isinstance(e, relax.Var) else None)
+    return found
+
+
+def last_uses(func: relax.Function, bindings) -> dict[relax.Var, int]:
+    """Per variable, the last position in `bindings` (`func`'s, in order) that reads it;
+    len(bindings) for those the function's result reads."""
+    last = {}
+    for position, binding in enumerate(bindings):
+        for var in vars_in(binding.value):
+            last[var] = position
+    for var in vars_in(func.body.body):
+        last[var] = len(bindings)
+    return last
 
 
 def remap(expr, mapping: dict):

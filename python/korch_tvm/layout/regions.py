@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import tvm
 from tvm import relax
 
+from ..graph.relax_exprs import last_uses, vars_in
 from ..lowering.constant_folding import fold_constants
 from ..lowering.mutation import mutate_relax_functions
 from .activations import LAYOUTS, convert_layout, is_conv2d
@@ -73,7 +74,7 @@ def split_regions(mod: tvm.IRModule, min_bindings: int | None = None,
     if bindings is None or _has_weight_parameters(func):
         return mod, []
     min_bindings = min_bindings or max(1, len(bindings) // TARGET_REGIONS)
-    last_use = _last_uses(func, bindings)
+    last_use = last_uses(func, bindings)
     params = set(func.params)
     live = set(params)
     cuts, start = [], 0
@@ -98,7 +99,7 @@ def converted_at_cut(mod: tvm.IRModule, var: relax.Var) -> bool:
     that is neither a model input nor a model output."""
     func = mod["main"]
     return (getattr(var.ty, "ndim", -1) == 4 and var not in set(func.params)
-            and var not in set(_vars_in(func.body.body)))
+            and var not in set(vars_in(func.body.body)))
 
 
 def region_module(mod: tvm.IRModule, region: Region, layout: str) -> tvm.IRModule:
@@ -198,7 +199,7 @@ def stitched_module(mod: tvm.IRModule, regions: Sequence[Region], layouts: Seque
                                                      _unpacked(builder, results,
                                                                len(region.outputs)))})
             returned = _Substitute({var: argument(var, "NCHW") for var in
-                                    _vars_in(func.body.body) if var in values}
+                                    vars_in(func.body.body) if var in values}
                                    ).visit_expr(func.body.body)
             result = builder.emit_output(returned)
         builder.emit_func_output(result)
@@ -321,24 +322,6 @@ def _has_weight_parameters(func: relax.Function) -> bool:
                 and int(func.attrs["num_input"]) < len(func.params))
 
 
-def _vars_in(expr: relax.Expr) -> list[relax.Var]:
-    found = []
-    relax.analysis.post_order_visit(
-        expr, lambda e: found.append(e) if isinstance(e, relax.Var) else None)
-    return found
-
-
-def _last_uses(func: relax.Function, bindings) -> dict[relax.Var, int]:
-    """Per variable, the last binding position that reads it (len(bindings): the result)."""
-    last = {}
-    for position, binding in enumerate(bindings):
-        for var in _vars_in(binding.value):
-            last[var] = position
-    for var in _vars_in(func.body.body):
-        last[var] = len(bindings)
-    return last
-
-
 def _static_tensor(var: relax.Var) -> bool:
     ty = var.ty
     return (isinstance(ty, relax.TensorType) and isinstance(ty.shape, relax.ShapeExpr)
@@ -350,7 +333,7 @@ def _region(func, bindings, last_use, start: int, stop: int) -> Region:
     inside = [b.var for b in bindings[start:stop]]
     read = {}  # first use order, each once
     for binding in bindings[start:stop]:
-        read.update((var, None) for var in _vars_in(binding.value) if var in defined_before)
+        read.update((var, None) for var in vars_in(binding.value) if var in defined_before)
     outputs = [var for var in inside if last_use.get(var, -1) >= stop]
     live_after = [var for var in [*func.params, *(b.var for b in bindings[:stop])]
                   if last_use.get(var, -1) >= stop]
