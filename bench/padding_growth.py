@@ -39,15 +39,10 @@ def built(mod, target):
     """(library, arguments, output of the unpacked build on fixed inputs)."""
     import numpy as np
     import tvm
+    from tile_shapes import packed_build
     from tvm.s_tir import meta_schedule as ms
-    from tvm.s_tir.transform import RemoveWeightLayoutRewriteBlock
 
-    infos = ms.arg_info.ArgInfo.from_entry_func(mod, remove_preproc=True)
-    library = tvm.compile(RemoveWeightLayoutRewriteBlock(skip_tensor_rewrite=True)(mod),
-                          target=target)
-    rng = np.random.default_rng(0)
-    args = [tvm.runtime.tensor(rng.standard_normal([int(d) for d in info.as_json()[2]])
-                               .astype("float32")) for info in infos]
+    library, args = packed_build(mod, target)
     rng = np.random.default_rng(1)  # the same inputs for every form
     whole = [tvm.runtime.tensor(rng.standard_normal([int(d) for d in info.as_json()[2]])
                                 .astype("float32")) for info in

@@ -61,8 +61,9 @@ def kernel(text: str):
             2 * (size // stride) ** 2 * cin * cout * k * k)
 
 
-def cold_seconds(mod, target) -> float:
-    """Median seconds of 15 cold calls, the weight packing left out as the builder leaves it."""
+def packed_build(mod, target):
+    """(library, random arguments): `mod` built with its weight packing left out, as the
+    builder leaves it, its weights taken as already packed."""
     import numpy as np
     import tvm
     from tvm.s_tir import meta_schedule as ms
@@ -74,6 +75,14 @@ def cold_seconds(mod, target) -> float:
     rng = np.random.default_rng(0)
     args = [tvm.runtime.tensor(rng.standard_normal([int(d) for d in info.as_json()[2]])
                                .astype("float32"), tvm.cpu()) for info in infos]
+    return library, args
+
+
+def cold_seconds(mod, target) -> float:
+    """Median seconds of 15 cold calls, the weight packing left out as the builder leaves it."""
+    import tvm
+
+    library, args = packed_build(mod, target)
     timer = library.mod.time_evaluator("main", tvm.cpu(), number=1, repeat=15,
                                        f_preproc="cache_flush_cpu_non_first_arg")
     return statistics.median(timer(*args).results)
