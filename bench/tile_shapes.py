@@ -1,6 +1,6 @@
 """Time register-tile shapes the CPU default schedule does not offer, beside the forms it does.
 
-    .venv/bin/python bench/tile_shapes.py [--threads 2] [--out FILE] [SHAPE ...]
+    .venv/bin/python bench/tile_shapes.py [--threads 2] [--registers ISA] [--out FILE] [SHAPE ...]
 
 A SHAPE is SIZExCINxCOUT[xKxSTRIDE], an NHWC convolution + bias + ReLU (default: ResNet-18's
 3x3 ones), or mMxKxN, a matmul + bias with a weight of K x N (ViT-S/32's and BERT's: m50x384x1152,
@@ -10,7 +10,9 @@ pair; vector outer with a pair) and in shapes it does not measure (three or four
 tile row, four rows, vector outer with four vectors), and timed as the profiler times a kernel: weights packed where
 the form packs them, the packing left out of the timed code, each call after a flush of its
 operands from the caches (median of 15, best of two builds). Whether a new form would pay for
-the builds it adds to every cold compile.
+the builds it adds to every cold compile. `--registers avx512` fits the tiles to AVX-512's
+registers whatever this CPU has (the rule before backend/tile_shape.py), to compare on an AVX2
+host.
 """
 
 from __future__ import annotations
@@ -93,25 +95,33 @@ def main(argv=None) -> int:
     parser.add_argument("shapes", nargs="*", default=RESNET18)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--out", default=None)
+    parser.add_argument("--registers", default=None,
+                        help="fit tiles to this ISA's registers (avx512, avx2, ...), "
+                        "not this CPU's")
     args = parser.parse_args(argv)
     os.environ["TVM_NUM_THREADS"] = str(args.threads)
 
     from korch_tvm.backend.cpu_schedule import default_schedule
     from korch_tvm.backend.schedule_variants import TILED_VARIANTS
     from korch_tvm.backend.target import parse_target
+    from korch_tvm.backend.tile_shape import VECTOR_ISAS, RegisterFile, register_file
 
     target = parse_target("llvm")
+    registers = register_file(target)
+    if args.registers:
+        registers = next(RegisterFile(isa, lanes, count) for isa, _, lanes, count in VECTOR_ISAS
+                         if isa == args.registers)
     forms = {"rule": ({}, True), "rule-plain": ({}, False),
              **{name: (options, True) for name, options in {**TILED_VARIANTS,
                                                              **EXTRA_FORMS}.items()}}
-    lines = [f"target {target}; cold ms per call and GFLOP/s; forms after 'outer_pair' are not "
-             "measured by the profiler"]
+    lines = [f"target {target}, tiles fit to {registers}; cold ms per call and GFLOP/s; forms "
+             "after 'outer_pair' are not measured by the profiler"]
     for text in args.shapes:
         mod, name, flops = kernel(text)
         cells = []
         for form, (options, pack) in forms.items():
             schedule = default_schedule(mod, target, untiled_fallback=form.startswith("rule"),
-                                        pack_weights=pack, **options)
+                                        pack_weights=pack, registers=registers, **options)
             if schedule is None:
                 cells.append(f"{form} -")
                 continue

@@ -12,8 +12,9 @@ from tvm.script import tirx as T
 from conftest import make_tiny_onnx
 from test_weight_packing import conv_block_onnx
 from korch_tvm.backend.cpu_schedule import (DEFAULT_SCHEDULE_ATTR, PAIR_COLUMNS, WIDE_TILE_ROWS,
-                                            _row_loop, _tile_rows, default_schedule)
+                                            _row_loop, default_schedule)
 from korch_tvm.backend.schedule_variants import default_schedules
+from korch_tvm.backend.tile_shape import tile_rows
 from korch_tvm.backend.rewrite import apply_tuning_log, scheduled_kernel_count
 from korch_tvm.costing.measure import measure_kernels
 from korch_tvm.costing.tuning_log import TuningLog
@@ -171,7 +172,7 @@ def test_register_tile_rows_run_along_what_the_vector_loads_do_not_depend_on(for
 @pytest.mark.parametrize("extent, rows", [(104, 8), (52, 4), (24, 8), (26, 13), (13, 13),
                                           (28, 7), (17, 1), (1, 1)])
 def test_tile_rows_divide_the_extent_and_reach_past_eight_only_when_little_divides(extent, rows):
-    assert _tile_rows(extent) == rows
+    assert tile_rows(extent) == rows
 
 
 def test_a_13x13_map_gets_13_tile_rows():

@@ -10,7 +10,8 @@ from korch_tvm.backend.schedule_variants import (FORMS, RULE_FORM, VARIANT_MIN_F
 from korch_tvm.backend.target import parse_target
 from korch_tvm.kernels.fused import kernel_flops
 
-TARGET = parse_target({"kind": "llvm", "num-cores": 2})
+# AVX-512 named (these kernels are scheduled, never run): AVX2 has no room for the wide form
+TARGET = parse_target({"kind": "llvm", "mcpu": "skylake-avx512", "num-cores": 2})
 
 
 def matmul_kernel(rows: int, depth: int, cols: int, relu: bool = False,

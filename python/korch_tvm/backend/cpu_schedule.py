@@ -12,11 +12,11 @@ the padding of a compute-bound convolution (`kept_padding.py`), and gives every 
   vectorized: a matmul or convolution then accumulates a vector of neighbouring outputs per
   reduction step (the i-k-j order), an elementwise block reads and writes whole vectors;
 * for a vectorized reduction, a register tile: `TILE_ROWS` steps (a divisor of the loop; up to
-  `MAX_TILE_ROWS` where only 1-3 divide it) of a spatial loop that the
-  vector loads do not depend on are moved inside the reduction, unrolled, so each loaded vector
-  feeds that many multiply-adds into accumulators held in registers (a local buffer), which
-  are stored once per tile with the block's elementwise consumers (bias, activation) applied
-  (bench/default_schedule.py compares it with the same rule without tiles);
+  `MAX_TILE_ROWS` where only 1-3 divide it; no more than the target's registers hold,
+  `tile_shape.py`) of a spatial loop that the vector loads do not depend on are moved
+  inside the reduction, unrolled, so each loaded vector feeds that many multiply-adds into
+  accumulators held in registers (a local buffer), stored once per tile with the block's
+  elementwise consumers (bias, activation) applied (bench/default_schedule.py);
 * for a block that writes its largest input transposed, the loop over that input's innermost
   dimension between the vector and its outer loop (`transposed_reads.py`);
 * for a reduction along each row's contiguous axis (softmax, layer norm), vector lanes that
@@ -33,12 +33,9 @@ Before the rule, the per-kind rules of `cpu_rules.py` reshape the blocks the rul
 without a vector or a tile (a contraction over 197 tokens is padded to whole tiles);
 `kind_rules=False` gives the rule alone (bench/kind_floor.py compares the two).
 
-The rule has variants for large tiled kernels, a taller register tile, a loop order that keeps
-the weights in cache and a tile two vectors wide (`schedule_variants.py` says which the profiler
-measures); the log keeps the fastest. A kernel the rule cannot handle (dynamic
-extents, opaque blocks) keeps the form it was written in. The returned schedule's trace
-replays on the kernel, so the profiler records the default measurement under it and applying
-the log rebuilds exactly the kernel that was measured.
+The rule has variants (`schedule_variants.py`); the log keeps the fastest. A kernel the rule
+cannot handle (dynamic extents, opaque blocks) keeps the form it was written in. The returned
+schedule's trace replays on the kernel: applying the log rebuilds the kernel that was measured.
 """
 
 from __future__ import annotations
@@ -53,20 +50,14 @@ from ..kernels.weight_packing import LAYOUT_FREE_ATTR, read_by_one_block
 from .cpu_rules import apply_kind_rules, block_points
 from .kept_padding import padding_read_by_reductions
 from .partial_sums import partial_sums, sum_in_parts
+from .tile_shape import (AVX512, MAX_TILE_ROWS, TILE_ROWS, RegisterFile, register_file,
+                         tile_rows as _tile_rows, tile_width, vector_width as _vector_width)
 from .row_reductions import is_row_reduction, reduce_rows, vectorize_with_tail, whole_vectors
 from .transposed_reads import transposed_loop
 
 logger = logging.getLogger("korch_tvm.cpu_schedule")
 
-MAX_VECTOR_WIDTH = 16  # float32 lanes of AVX-512 (LLVM splits them for AVX2, SSE or NEON)
-MIN_VECTOR_WIDTH = 4
 ITERATIONS_PER_CORE = 16
-# Rows of a register tile: 8 vector accumulators of AVX-512's 32 registers, the shape that was
-# fastest or close to it on matmuls and NHWC convolutions (fewer rows re-stream the weight).
-TILE_ROWS = 8
-# When the rows' extent has no divisor from 4 to TILE_ROWS (e.g. 13 or 26), up to this many: a
-# tall tile beats a tiny one there, though not where 4 or 8 divide (windowed loads need registers).
-MAX_TILE_ROWS = 14
 # The variants the profiler also measures (`schedule_variants.py`): a register tile of up to 16
 # rows (16 of AVX-512's 32 registers as accumulators), and the rule's tile with the vector's
 # outer loop outermost, and the rule's form with unpacked weights.
@@ -81,7 +72,8 @@ DEFAULT_SCHEDULE_ATTR = "korch.default_schedule"  # marks a PrimFunc scheduled b
 def default_schedule(kernel_mod: tvm.IRModule, target, *, register_tiles: bool = True,
                      tile_rows: int = TILE_ROWS, vector_outer: bool = False,
                      pack_weights: bool = True, kind_rules: bool = True, columns: int = 1,
-                     untiled_fallback: bool = True, prepared: Prepared | None = None):
+                     untiled_fallback: bool = True, prepared: Prepared | None = None,
+                     registers: RegisterFile | None = None):
     """The schedule of a standalone kernel (`{"main": PrimFunc}`), or None where the rule
     does not apply (the kernel then runs as written). A kernel whose register tile the
     schedule primitives refuse gets the rule without it; `register_tiles=False` asks for that
@@ -91,24 +83,21 @@ def default_schedule(kernel_mod: tvm.IRModule, target, *, register_tiles: bool =
     `kind_rules=False` leaves out the per-kind rules (`cpu_rules.py`: the generic rule alone,
     as bench/kind_floor.py compares); `untiled_fallback=False`: None rather than the form
     without tiles (a variant's untiled form is never the faster one); `prepared`: the kernel's
-    `prepare(kernel_mod, kind_rules)`, made once for several forms."""
-    cores = _cores(target)
+    `prepare(kernel_mod, kind_rules)`, made once for several forms; `registers`: what tiles
+    fit (default: the target CPU's registers, `tile_shape.register_file`)."""
+    cores = max(1, int(target.attrs.get("num-cores", 1)))  # parallel loops balanced over
+    registers = registers or register_file(target)
     prepared = prepared or prepare(kernel_mod, kind_rules)
     for tiles in ((True, False) if untiled_fallback else (True,)) if register_tiles else (False,):
         try:
             schedule = _scheduled(prepared, cores, tile_rows if tiles else 0, vector_outer,
-                                  columns if tiles else 1)
+                                  columns if tiles else 1, registers)
         except Exception as err:  # noqa: BLE001 - a form the rule does not cover
             logger.debug("no CPU default schedule%s: %s", " with register tiles" if tiles else "",
                          error_summary(str(err)))
             continue
         return with_packed_weights(schedule, target) if pack_weights else schedule
     return None
-
-
-def _cores(target) -> int:
-    """Cores the target's parallel loops are balanced over."""
-    return max(1, int(target.attrs.get("num-cores", 1)))
 
 
 class Prepared(NamedTuple):
@@ -149,16 +138,17 @@ def prepare(kernel_mod: tvm.IRModule, kind_rules: bool = True) -> Prepared:
 
 
 def _scheduled(prepared: Prepared, cores: int, tile_rows: int, vector_outer: bool = False,
-               columns: int = 1):
+               columns: int = 1, registers: RegisterFile = AVX512):
     """The rule on every block of a copy of `prepared`; `tile_rows` 0: no register tiles;
     `vector_outer`: a tiled block's loops in the order (vector's outer loop, other spatial
-    loops); `columns`: vectors per tile row."""
+    loops); `columns`: vectors per tile row; `registers`: what a tile may hold."""
     if prepared.error is not None:
         raise ValueError(prepared.error)
     schedule = prepared.schedule.copy()  # the same random variables name the same blocks
     for block in prepared.blocks:
         if _still_there(schedule, block.block_rv):  # not written back by a tile before it
-            _schedule_block(schedule, block, cores, tile_rows, vector_outer, columns)
+            _schedule_block(schedule, block, cores, tile_rows, vector_outer, columns,
+                            registers)
     return schedule
 
 
@@ -230,10 +220,10 @@ def _inline_injective(schedule, blocks) -> None:
             inlined = True
 
 
-def _schedule_block(schedule, block, cores: int, tile_rows: int,
-                    vector_outer: bool = False, columns: int = 1) -> None:
+def _schedule_block(schedule, block, cores: int, tile_rows: int, vector_outer: bool = False,
+                    columns: int = 1, registers: RegisterFile = AVX512) -> None:
     """The rule on one block; `tile_rows` 0: no register tile; `columns` vectors per tile row
-    (where the vector's outer loop divides by it)."""
+    (where the vector's outer loop divides by it), as many rows as `registers` hold."""
     if any(iterator.kind not in "SR" for iterator in block.iters):
         return  # an opaque iterator: loop order is not ours to change
     if (parts := partial_sums(block)) is not None:
@@ -245,6 +235,11 @@ def _schedule_block(schedule, block, cores: int, tile_rows: int,
     vector = None
     if spatial:
         width = _vector_width(_extent(schedule, spatial[-1]))
+        if width is not None and tile_rows and reduction and columns == 1:
+            row = _row_loop(schedule, block)
+            width = tile_width(registers, _extent(schedule, spatial[-1]), width,
+                               None if row is None else _extent(schedule, spatial[row]),
+                               tile_rows)
         if width is not None:
             spatial[-1], vector = schedule.split(spatial[-1], [None, width])
         elif not reduction and whole_vectors(_extent(schedule, spatial[-1])) is not None:
@@ -255,7 +250,10 @@ def _schedule_block(schedule, block, cores: int, tile_rows: int,
         spatial = spatial[:moved] + spatial[moved + 1:-1] + [spatial[-1], spatial[moved]]
     tile = []
     if tile_rows and reduction and vector is not None:
-        spatial, tile = _register_tile(schedule, block, spatial, tile_rows)
+        # a row of `columns` vectors only where the vector's outer loop divides by it
+        pairs = columns > 1 and (_extent(schedule, spatial[-1]) or 1) % columns == 0
+        most = registers.rows_at_most(width, columns if pairs else 1)
+        spatial, tile = _register_tile(schedule, block, spatial, tile_rows, most)
         if columns > 1 and tile:
             spatial[-1], pair = _split_columns(schedule, spatial[-1], columns)
             tile += pair
@@ -296,13 +294,15 @@ def _parallel_outer(schedule, spatial: list, cores: int) -> tuple[object | None,
     return fused, len(parallel)
 
 
-def _register_tile(schedule, block, spatial: list, tile_rows: int) -> tuple[list, list]:
-    """(spatial loops, tile loops): split off `_tile_rows` steps of a loop the vector loads
-    do not depend on, so that each vector loaded per reduction step feeds that many
-    multiply-adds (a matmul's rows, a convolution's output pixels in NHWC or its output
-    channels in NCHW) and a large operand streams through the cache that many times less."""
+def _register_tile(schedule, block, spatial: list, tile_rows: int,
+                   most: int = MAX_TILE_ROWS) -> tuple[list, list]:
+    """(spatial loops, tile loops): split off `_tile_rows` steps (`most` at most: what the
+    registers hold) of a loop the vector loads do not depend on, so that each vector loaded
+    per reduction step feeds that many multiply-adds (a matmul's rows, a convolution's output
+    pixels in NHWC or its output channels in NCHW) and a large operand streams through the
+    cache that many times less."""
     row = _row_loop(schedule, block)
-    rows = 1 if row is None else _tile_rows(_extent(schedule, spatial[row]), tile_rows)
+    rows = 1 if row is None else _tile_rows(_extent(schedule, spatial[row]), tile_rows, most)
     if rows == 1:
         return spatial, []
     spatial = list(spatial)
@@ -362,27 +362,6 @@ def _accumulate_in_registers(schedule, block_rv, anchor) -> None:
 def _extent(schedule, loop) -> int | None:
     extent = schedule.get(loop).extent
     return int(extent) if isinstance(extent, tvm.tirx.IntImm) else None
-
-
-def _largest_divisor(extent: int | None, at_most: int) -> int:
-    return 1 if not extent else next(d for d in range(min(extent, at_most), 0, -1)
-                                     if extent % d == 0)
-
-
-def _tile_rows(extent: int | None, at_most: int = TILE_ROWS) -> int:
-    """Rows of a register tile: a divisor of `extent` (no remainder loop), `at_most` at most
-    unless only 1-3 would divide, then up to MAX_TILE_ROWS."""
-    rows = _largest_divisor(extent, at_most)
-    return rows if rows >= 4 else _largest_divisor(extent, max(at_most, MAX_TILE_ROWS))
-
-
-def _vector_width(extent: int | None) -> int | None:
-    """The largest divisor of `extent` that fits one vector register, if at least 4 (an odd
-    width such as 13 or 14 is padded to the register by LLVM)."""
-    if not extent:
-        return None
-    width = _largest_divisor(extent, MAX_VECTOR_WIDTH)
-    return width if width >= MIN_VECTOR_WIDTH else None
 
 
 def default_schedule_pass(target) -> tvm.transform.Pass:

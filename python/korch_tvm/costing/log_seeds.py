@@ -49,9 +49,6 @@ WORKLOAD_FILE = "database_workload.json"  # tuning_log's, named here without imp
 RECORD_FILE = "database_tuning_record.json"
 COST_MODEL_FILES = ("cost_model.json", "cost_model.json.meta.json")
 MIN_CALIBRATION_KERNELS = 3  # kernels timed in both logs before their ratio is trusted
-# The vector instruction sets told apart, widest first, and the LLVM feature that means each.
-VECTOR_ISAS = (("avx512", "avx512f"), ("avx2", "avx2"), ("avx", "avx"), ("sse", "sse2"),
-               ("sve", "sve"), ("neon", "neon"))
 # ... and the cache state its records were timed from (costing/cache_state.py: "-l3" or none)
 _LLVM_TAG = re.compile(r"llvm-(?P<cpu>[A-Za-z0-9._-]+)-(?P<cores>[0-9]+)c(?P<state>-l3)?")
 _CUDA_TAG = re.compile(r"cuda-sm_(?P<arch>[0-9]+)[af]?")
@@ -80,8 +77,7 @@ def seed_roots() -> list[str]:
 def target_isa(target) -> str:
     """The vector instruction set code for `target` uses: "avx512", ..., "neon", "generic";
     for CUDA "sm_<major>x" (an sm_90 log serves an sm_90a GPU, not an sm_80 one)."""
-    import tvm
-
+    from ..backend.tile_shape import cpu_isa
     from ..backend.target import parse_target
 
     target = parse_target(target)
@@ -90,11 +86,7 @@ def target_isa(target) -> str:
         return f"sm_{match['arch'][:-1]}x" if match else "unknown"
     if target.kind.name != "llvm":
         return target.kind.name
-    try:
-        features = {str(name) for name in tvm.target.codegen.llvm_get_cpu_features(target)}
-    except Exception:  # noqa: BLE001 - an LLVM that cannot say
-        return "unknown"
-    return next((isa for isa, feature in VECTOR_ISAS if feature in features), "generic")
+    return cpu_isa(target)
 
 
 def tag_target(tag: str):
