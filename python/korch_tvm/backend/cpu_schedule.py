@@ -50,9 +50,9 @@ from ..kernels.weight_packing import LAYOUT_FREE_ATTR, read_by_one_block
 from .cpu_rules import apply_kind_rules, block_points
 from .kept_padding import padding_read_by_reductions
 from .partial_sums import partial_sums, sum_in_parts
+from .row_reductions import is_row_reduction, reduce_rows, vectorize_with_tail, whole_vectors
 from .tile_shape import (AVX512, MAX_TILE_ROWS, TILE_ROWS, RegisterFile, register_file,
                          tile_rows as _tile_rows, tile_width, vector_width as _vector_width)
-from .row_reductions import is_row_reduction, reduce_rows, vectorize_with_tail, whole_vectors
 from .transposed_reads import transposed_loop
 
 logger = logging.getLogger("korch_tvm.cpu_schedule")
