@@ -179,20 +179,22 @@ def split_trace(kernel: tvm.IRModule, factor: int):
 
 
 def test_a_large_kernel_keeps_its_fastest_default_schedule_and_no_trials_are_counted(tmp_path):
-    """A 256x256 matmul has five default schedules: all are logged, the fastest first, its
-    cost is the fastest's, and none of them counts as a tuning trial."""
+    """A 256x256 matmul has five default schedules (four where the CPU's registers hold no
+    taller tile than the rule's, AVX2): all are logged, the fastest first, its cost is the
+    fastest's, and none of them counts as a tuning trial."""
     kernel = legalized_kernels(256)["matmul"]
     log = TuningLog(tmp_path, TARGET)
     cost = profile_kernels({"matmul": kernel}, TARGET, log, trials=0, progress=False)["matmul"]
     times = [float(np.median([float(s) for s in record.run_secs]))
              for record in log.database.get_all_tuning_records()]
-    assert len(times) == len(default_schedules(kernel, TARGET)) == 5
+    forms = len(default_schedules(kernel, TARGET))
+    assert len(times) == forms and forms >= 4
     assert cost.seconds == pytest.approx(min(times), rel=1e-5) == pytest.approx(times[0], rel=1e-5)
     assert log.default_seconds(kernel) == pytest.approx(cost.seconds, rel=1e-5)
     assert tuned_trials(log, kernel) == 0
     for record in log.database.get_all_tuning_records():  # a second compile sharing the log
         log.commit_run(kernel, [float(s) for s in record.run_secs], trace=record.trace)
-    assert log.record_count(kernel) == 10 and tuned_trials(log, kernel) == 0  # same schedules
+    assert log.record_count(kernel) == 2 * forms and tuned_trials(log, kernel) == 0  # the same
     for factor in (4, 8):  # two records tuned by a korch_tvm that kept no count
         log.commit_run(kernel, [1e-3] * 3, trace=split_trace(kernel, factor))
     assert tuned_trials(log, kernel) == 2
@@ -517,7 +519,7 @@ def test_kernels_of_one_contraction_measure_only_the_form_that_won_on_the_first(
     assert all(cost.source == "measured" for cost in costs.values())
     assert list(choices) == [anchor] and choices[anchor] in ("packed", "wide", "outer", "pair",
                                                          "outer_pair")
-    assert log.record_count(kernels["matmul"]) == 5
+    assert log.record_count(kernels["matmul"]) == len(default_schedules(kernels["matmul"], TARGET))
     assert log.record_count(kernels["matmul_relu"]) == (1 if choices[anchor] == RULE_FORM else 2)
 
     later = TuningLog(tmp_path / "two", TARGET)  # a later call, the choice made: "outer"
