@@ -130,8 +130,8 @@ def main(argv=None) -> int:
     import numpy as np
 
     from korch_tvm.backend.cpu_schedule import PAIR_COLUMNS, WIDE_TILE_ROWS, default_schedule
-    from korch_tvm.backend.tile_shape import MAX_TILE_ROWS, TILE_ROWS
     from korch_tvm.backend.target import parse_target
+    from korch_tvm.backend.tile_shape import MAX_TILE_ROWS, TILE_ROWS
 
     target = parse_target({"kind": "llvm", "num-cores": args.threads})
     lines = [f"{'kernel':46s} {'untiled ms':>11s} {'tiled ms':>9s} {'speed-up':>8s} "

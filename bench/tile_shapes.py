@@ -96,8 +96,8 @@ def main(argv=None) -> int:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--out", default=None)
     parser.add_argument("--registers", default=None,
-                        help="fit tiles to this ISA's registers (avx512, avx2, ...), "
-                        "not this CPU's")
+                        choices=("avx512", "avx2", "avx", "sse", "sve", "neon"),
+                        help="fit tiles to this ISA's registers, not this CPU's")
     args = parser.parse_args(argv)
     os.environ["TVM_NUM_THREADS"] = str(args.threads)
 

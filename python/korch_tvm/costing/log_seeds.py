@@ -49,7 +49,8 @@ WORKLOAD_FILE = "database_workload.json"  # tuning_log's, named here without imp
 RECORD_FILE = "database_tuning_record.json"
 COST_MODEL_FILES = ("cost_model.json", "cost_model.json.meta.json")
 MIN_CALIBRATION_KERNELS = 3  # kernels timed in both logs before their ratio is trusted
-# ... and the cache state its records were timed from (costing/cache_state.py: "-l3" or none)
+# A log directory's tag: its CPU and cores, and the cache state its records were timed from
+# (costing/cache_state.py: "-l3" or none)
 _LLVM_TAG = re.compile(r"llvm-(?P<cpu>[A-Za-z0-9._-]+)-(?P<cores>[0-9]+)c(?P<state>-l3)?")
 _CUDA_TAG = re.compile(r"cuda-sm_(?P<arch>[0-9]+)[af]?")
 
@@ -77,8 +78,8 @@ def seed_roots() -> list[str]:
 def target_isa(target) -> str:
     """The vector instruction set code for `target` uses: "avx512", ..., "neon", "generic";
     for CUDA "sm_<major>x" (an sm_90 log serves an sm_90a GPU, not an sm_80 one)."""
-    from ..backend.tile_shape import cpu_isa
     from ..backend.target import parse_target
+    from ..backend.tile_shape import cpu_isa
 
     target = parse_target(target)
     if target.kind.name == "cuda":
