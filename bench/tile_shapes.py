@@ -21,7 +21,8 @@ import argparse
 import os
 import statistics
 
-EXTRA_FORMS = {"c3": {"columns": 3}, "c4": {"columns": 4}, "r4c4": {"tile_rows": 4, "columns": 4},
+EXTRA_FORMS = {"r4": {"tile_rows": 4}, "c3": {"columns": 3}, "c4": {"columns": 4},
+               "r4c4": {"tile_rows": 4, "columns": 4},
                "r4c2": {"tile_rows": 4, "columns": 2},
                "outer-c4": {"vector_outer": True, "columns": 4}}
 RESNET18 = ["56x64x64", "28x128x128", "14x256x256", "7x512x512", "28x128x128x3x2"]

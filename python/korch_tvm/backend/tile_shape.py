@@ -5,8 +5,8 @@ The rule writes its vectors 16 float32 lanes wide (one AVX-512 register) and let
 them where registers are narrower. A register tile holds one accumulator per row per register
 its row spans, so on AVX2, where a 16-lane vector is two of its sixteen registers, the tile that
 suits AVX-512's 32 registers (8 rows) spills to the stack on every reduction step: ResNet-18's
-3x3 convolutions ran at 30 GFLOP/s on a 2-core Zen 3 in every form the profiler measured
-(bench/results/avx2-tiles/). `RegisterFile` says how many rows fit, from the instruction set
+3x3 convolutions ran at 52-76 GFLOP/s on a 2-core Zen 3 in every form the profiler measures,
+at 130-174 with tiles that fit (bench/results/avx2-tiles/). `RegisterFile` says how many rows fit, from the instruction set
 LLVM reports for the target's CPU, and where fewer than 4 rows of full vectors would fit (a
 7-pixel map row), the tile takes vectors one register wide and more rows (`tile_width`).
 """
@@ -30,7 +30,7 @@ MIN_TILE_ROWS = 4  # fewer rows re-load the streamed vector for too few multiply
 VECTOR_ISAS = (("avx512", "avx512f", 16, 32), ("avx2", "avx2", 8, 16), ("avx", "avx", 8, 16),
                ("sse", "sse2", 4, 16), ("sve", "sve", 4, 32), ("neon", "neon", 4, 32))
 # Registers a tile leaves to the broadcast value, the streamed vectors and LLVM's temporaries:
-# on AVX2 a tile of 14 accumulators spilled (3x slower), one of 12 did not.
+# on AVX2 a tile of 14 accumulators spilled (3x slower), one of 12 ran 12-16 % faster than 8.
 RESERVED_REGISTERS = 4
 
 
