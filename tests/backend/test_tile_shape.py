@@ -11,9 +11,9 @@ from tvm import te
 
 from test_cpu_schedule import TARGET, _te_kernel, run_kernel
 from korch_tvm.backend.cpu_schedule import PAIR_COLUMNS, WIDE_TILE_ROWS, default_schedule
+from korch_tvm.backend.schedule_variants import default_schedules
 from korch_tvm.backend.tile_shape import (AVX512, RegisterFile, cpu_isa, register_file, tile_rows,
                                           tile_width)
-from korch_tvm.backend.schedule_variants import default_schedules
 from korch_tvm.costing.log_seeds import target_isa
 
 AVX2 = RegisterFile("avx2", 8, 16)
