@@ -97,21 +97,22 @@ def main(argv=None) -> int:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--out", default=None)
     parser.add_argument("--registers", default=None,
-                        choices=("avx512", "avx2", "avx", "sse", "sve", "neon"),
-                        help="fit tiles to this ISA's registers, not this CPU's")
+                        help="fit tiles to this ISA's registers (avx512, avx2, ...), "
+                        "not this CPU's")
     args = parser.parse_args(argv)
     os.environ["TVM_NUM_THREADS"] = str(args.threads)
 
     from korch_tvm.backend.cpu_schedule import default_schedule
     from korch_tvm.backend.schedule_variants import TILED_VARIANTS
     from korch_tvm.backend.target import parse_target
-    from korch_tvm.backend.tile_shape import VECTOR_ISAS, RegisterFile, register_file
+    from korch_tvm.backend.tile_shape import REGISTER_FILES, register_file
 
     target = parse_target("llvm")
     registers = register_file(target)
     if args.registers:
-        registers = next(RegisterFile(isa, lanes, count) for isa, _, lanes, count in VECTOR_ISAS
-                         if isa == args.registers)
+        if args.registers not in REGISTER_FILES:
+            parser.error(f"--registers: one of {', '.join(REGISTER_FILES)}")
+        registers = REGISTER_FILES[args.registers]
     forms = {"rule": ({}, True), "rule-plain": ({}, False),
              **{name: (options, True) for name, options in {**TILED_VARIANTS,
                                                              **EXTRA_FORMS}.items()}}

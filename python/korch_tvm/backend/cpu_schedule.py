@@ -233,13 +233,12 @@ def _schedule_block(schedule, block, cores: int, tile_rows: int, vector_outer: b
     spatial = [iterator.loop_rv for iterator in block.iters if iterator.kind == "S"]
     reduction = [iterator.loop_rv for iterator in block.iters if iterator.kind == "R"]
     vector = None
+    row = _row_loop(schedule, block) if tile_rows and reduction else None  # the tile's rows
     if spatial:
         width = _vector_width(_extent(schedule, spatial[-1]))
-        if width is not None and tile_rows and reduction and columns == 1:
-            row = _row_loop(schedule, block)
+        if width is not None and row is not None and columns == 1:
             width = tile_width(registers, _extent(schedule, spatial[-1]), width,
-                               None if row is None else _extent(schedule, spatial[row]),
-                               tile_rows)
+                               _extent(schedule, spatial[row]), tile_rows)
         if width is not None:
             spatial[-1], vector = schedule.split(spatial[-1], [None, width])
         elif not reduction and whole_vectors(_extent(schedule, spatial[-1])) is not None:
@@ -253,7 +252,7 @@ def _schedule_block(schedule, block, cores: int, tile_rows: int, vector_outer: b
         # a row of `columns` vectors only where the vector's outer loop divides by it
         pairs = columns > 1 and (_extent(schedule, spatial[-1]) or 1) % columns == 0
         most = registers.rows_at_most(width, columns if pairs else 1)
-        spatial, tile = _register_tile(schedule, block, spatial, tile_rows, most)
+        spatial, tile = _register_tile(schedule, spatial, row, tile_rows, most)
         if columns > 1 and tile:
             spatial[-1], pair = _split_columns(schedule, spatial[-1], columns)
             tile += pair
@@ -294,14 +293,13 @@ def _parallel_outer(schedule, spatial: list, cores: int) -> tuple[object | None,
     return fused, len(parallel)
 
 
-def _register_tile(schedule, block, spatial: list, tile_rows: int,
+def _register_tile(schedule, spatial: list, row: int | None, tile_rows: int,
                    most: int = MAX_TILE_ROWS) -> tuple[list, list]:
     """(spatial loops, tile loops): split off `_tile_rows` steps (`most` at most: what the
-    registers hold) of a loop the vector loads do not depend on, so that each vector loaded
-    per reduction step feeds that many multiply-adds (a matmul's rows, a convolution's output
-    pixels in NHWC or its output channels in NCHW) and a large operand streams through the
-    cache that many times less."""
-    row = _row_loop(schedule, block)
+    registers hold) of `spatial[row]`, a loop the vector loads do not depend on (`_row_loop`),
+    so that each vector loaded per reduction step feeds that many multiply-adds (a matmul's
+    rows, a convolution's output pixels in NHWC or its output channels in NCHW) and a large
+    operand streams through the cache that many times less."""
     rows = 1 if row is None else _tile_rows(_extent(schedule, spatial[row]), tile_rows, most)
     if rows == 1:
         return spatial, []

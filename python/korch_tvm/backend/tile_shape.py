@@ -48,7 +48,9 @@ class RegisterFile(NamedTuple):
         return max(1, (self.registers - RESERVED_REGISTERS) // per_row)
 
 
-AVX512 = RegisterFile("avx512", 16, 32)
+REGISTER_FILES = {isa: RegisterFile(isa, lanes, registers)
+                  for isa, _, lanes, registers in VECTOR_ISAS}
+AVX512 = REGISTER_FILES["avx512"]
 GENERIC = RegisterFile("generic", 4, 16)  # what code for an unknown CPU may assume
 
 
@@ -80,8 +82,8 @@ def _llvm_register_file(target) -> RegisterFile:
         except Exception:  # noqa: BLE001 - an LLVM that cannot say
             _BY_TARGET[key] = GENERIC._replace(isa="unknown")
         else:
-            _BY_TARGET[key] = next((RegisterFile(isa, lanes, registers) for isa, feature, lanes,
-                                    registers in VECTOR_ISAS if feature in features), GENERIC)
+            _BY_TARGET[key] = next((REGISTER_FILES[isa] for isa, feature, *_ in VECTOR_ISAS
+                                    if feature in features), GENERIC)
     return _BY_TARGET[key]
 
 
